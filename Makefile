@@ -1,0 +1,43 @@
+# evolm: `make help` lists the targets. `make demo` and `make test` create/refresh .venv first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast lint format clean
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU torch FIRST: an unpinned torch would pull gigabytes of CUDA packages.
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed ## Create/refresh the virtual environment (.venv)
+
+demo: install ## Run the ES demo: conciseness on the embedded tiny model (CPU, < 1 min)
+	$(PY) -m evolm
+
+test: install ## Run the test suite (what CI runs)
+	$(PY) -m pytest -q
+
+test-fast: install ## Run the tests not marked slow
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install ## Lint and check formatting with ruff
+	$(VENV)/bin/ruff check evolm tests
+	$(VENV)/bin/ruff format --check evolm tests
+
+format: install ## Format the code with ruff
+	$(VENV)/bin/ruff format evolm tests
+	$(VENV)/bin/ruff check --fix evolm tests
+
+clean: ## Remove outputs/ (runs, caches) and the virtual environment
+	rm -rf outputs $(VENV)

@@ -1,0 +1,33 @@
+"""``python -m evolm`` / ``evolm``: the Hydra app.
+
+python -m evolm task=conciseness es.sigma=0.01 lora.rank=2 es.population_size=16
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+import evolm.config  # noqa: F401  (registers the structured-config schemas)
+from evolm.errors import ConfigError
+
+log = logging.getLogger("evolm")
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> float:
+    from evolm.app import train
+
+    try:
+        return train(cfg)
+    except ConfigError as e:
+        log.error("bad configuration: %s", e)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

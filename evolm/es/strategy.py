@@ -1,0 +1,282 @@
+"""Evolution Strategies as a small ask/tell strategy over a list of fp32 tensors.
+
+ES MAXIMISES fitness: higher fitness pulls the mean towards a member's perturbation.
+
+    es = ES(population_size=30, sigma=1e-3, alpha=5e-4)
+    state = es.init(mean_tensors, seed=run_seed)
+    for _ in range(generations):
+        pop = es.ask(state)                       # integers only
+        members = es.sample(state, pop)           # [N, *shape] per tensor
+        fitness = evaluate(members)               # [N], higher is better
+        state, stats = es.tell(state, pop, fitness)
+
+A member is ``mean[t] + sigma * scale[t] * sign_i * eps(seed_i, t)`` for every tensor ``t``; the
+noise ``eps`` is rebuilt from ``(seed_i, t)`` whenever it is needed (see :mod:`evolm.es.noise`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from evolm.errors import ConfigError
+from evolm.es.noise import fill_noise, mix_seed, new_generator
+from evolm.es.optim import OPTIMIZERS, ascend, init_opt_state
+from evolm.es.shaping import SHAPINGS
+from evolm.es.state import ESState, Population
+
+UPDATES = ("paper", "openai")
+
+
+@dataclass(frozen=True)
+class ES:
+    """Evolution Strategies hyperparameters and the ask/tell update. ES MAXIMISES fitness.
+
+    The defaults reproduce the paper (Qiu et al. 2025): ``population_size=30, sigma=1e-3,
+    alpha=5e-4, antithetic=False, shaping="zscore", update="paper", optimizer="sgd",
+    weight_decay=0``, i.e. ``mean += alpha / N * sum_i z_i * eps_i``. OpenAI-ES (Salimans et al.
+    2017) is ``antithetic=True, shaping="centered_ranks", update="openai", optimizer="adam"``,
+    usually with ``weight_decay > 0`` and a larger ``alpha`` (e.g. 1e-2).
+
+    With per-tensor ``scales`` (see :meth:`init`) tensor ``t`` is perturbed by
+    ``sigma * scale_t``; the paper rule then steps ``alpha * scale_t / N * sum_i z_i s_i eps_i``
+    (along the perturbations) and the openai rule estimates the gradient
+    ``sum_i f_i s_i eps_i / (N * sigma * scale_t)``.
+    """
+
+    population_size: int = 30
+    """Members per generation, N (even when ``antithetic``)."""
+    sigma: float = 1e-3
+    """Noise standard deviation of a perturbation."""
+    alpha: float = 5e-4
+    """Learning rate."""
+    antithetic: bool = False
+    """Mirrored sampling: members 2k and 2k+1 share a seed with signs +1 and -1."""
+    shaping: str = "zscore"
+    """Fitness shaping: "zscore" (paper) or "centered_ranks" (OpenAI-ES)."""
+    update: str = "paper"
+    """"paper": direction = sum_i f_i s_i eps_i / N. "openai": sum_i f_i s_i eps_i / (N sigma)."""
+    optimizer: str = "sgd"
+    """"sgd" (mean += alpha * direction) or "adam"; both ascend."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay: mean -= alpha * weight_decay * mean each generation."""
+    beta1: float = 0.9
+    """Adam's first-moment decay."""
+    beta2: float = 0.999
+    """Adam's second-moment decay."""
+    eps: float = 1e-8
+    """Adam's denominator epsilon."""
+
+    def __post_init__(self) -> None:
+        n = self.population_size
+        _check(n >= 2, "population_size", f"must be >= 2, got {n}", "set es.population_size >= 2")
+        _check(
+            not (self.antithetic and n % 2),
+            "population_size",
+            f"must be even with antithetic=True, got {n}",
+            f"set es.population_size to {n + 1}, or es.antithetic=false",
+        )
+        for key, example in (("sigma", "0.001"), ("alpha", "0.0005"), ("eps", "1e-8")):
+            value = getattr(self, key)
+            _check(value > 0, key, f"must be > 0, got {value}", f"set es.{key} > 0, e.g. {example}")
+        for key, valid in (("shaping", SHAPINGS), ("update", UPDATES), ("optimizer", OPTIMIZERS)):
+            value, names = getattr(self, key), ", ".join(valid)
+            _check(
+                value in valid,
+                key,
+                f"unknown {value!r}; valid: {names}",
+                f"set es.{key} to one of: {names}",
+            )
+        wd = self.weight_decay
+        _check(
+            wd >= 0, "weight_decay", f"must be >= 0, got {wd}", "set es.weight_decay >= 0, e.g. 0"
+        )
+        for key in ("beta1", "beta2"):
+            value = getattr(self, key)
+            _check(
+                0 <= value < 1, key, f"must be in [0, 1), got {value}", f"set es.{key} in [0, 1)"
+            )
+
+    def init(
+        self,
+        mean: Sequence[Tensor],
+        seed: int,
+        scales: Sequence[float] | None = None,
+        *,
+        noise_device: torch.device | str | None = None,
+    ) -> ESState:
+        """Start from ``mean`` (copied to fp32) with run ``seed``.
+
+        ``scales`` multiplies sigma per tensor (default 1.0 each). Noise is drawn on
+        ``noise_device`` (default: the first mean tensor's device) in both :meth:`sample` and
+        :meth:`tell`, whatever device the members are built on, so the two always agree.
+        """
+        if not mean:
+            raise ValueError("mean must hold at least one tensor")
+        scales = [1.0] * len(mean) if scales is None else [float(s) for s in scales]
+        if len(scales) != len(mean):
+            raise ValueError(f"{len(scales)} scales for {len(mean)} mean tensors")
+        if not all(s > 0 for s in scales):
+            raise ValueError(f"scales must be > 0, got {scales}")
+        mean = [m.detach().to(dtype=torch.float32, copy=True) for m in mean]
+        device = torch.device(noise_device if noise_device is not None else mean[0].device)
+        return ESState(
+            mean=mean,
+            seed=int(seed),
+            generation=0,
+            scales=scales,
+            noise_device=str(device),
+            opt=init_opt_state(self.optimizer, mean),
+        )
+
+    def ask(self, state: ESState) -> Population:
+        """The population of ``state.generation``: a pure function of (run seed, generation)."""
+        n_seeds = self.population_size // 2 if self.antithetic else self.population_size
+        base = [mix_seed(state.seed, state.generation, k) for k in range(n_seeds)]
+        if self.antithetic:
+            seeds = tuple(s for s in base for _ in range(2))
+            signs = (1, -1) * n_seeds
+        else:
+            seeds, signs = tuple(base), (1,) * n_seeds
+        return Population(generation=state.generation, seeds=seeds, signs=signs)
+
+    def sample(
+        self,
+        state: ESState,
+        pop: Population,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> list[Tensor]:
+        """All members, stacked: per mean tensor ``t`` a ``[N, *shape]`` tensor.
+
+        Computed in fp32 and cast to ``dtype`` at the end; placed on ``device`` (default: that
+        mean tensor's device). Antithetic pairs are mirrored exactly around the mean in fp32.
+        """
+        _check_generation(state, pop)
+        gen = new_generator(state.noise_device)
+        coef = [self.sigma * s for s in pop.signs]
+        out = []
+        for t, (m, scale) in enumerate(zip(state.mean, state.scales, strict=True)):
+            eps = _stacked_noise(pop.seeds, t, m.shape, gen)
+            c = torch.tensor([scale * x for x in coef], dtype=torch.float32, device=eps.device)
+            target = m.device if device is None else torch.device(device)
+            x = eps.mul_(c.view(-1, *([1] * m.dim()))).to(target).add_(m.to(target))
+            out.append(x if dtype is None else x.to(dtype))
+        return out
+
+    def member(
+        self,
+        state: ESState,
+        pop: Population,
+        i: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> list[Tensor]:
+        """Member ``i`` alone, one tensor per mean tensor; equal to ``sample(...)[t][i]``."""
+        i = range(len(pop))[i]
+        one = Population(pop.generation, pop.seeds[i : i + 1], pop.signs[i : i + 1])
+        return [x[0] for x in self.sample(state, one, device=device, dtype=dtype)]
+
+    def tell(
+        self, state: ESState, pop: Population, fitness: Tensor
+    ) -> tuple[ESState, dict[str, float]]:
+        """Update the mean from the fitness of ``pop`` (higher is better); returns new state, stats.
+
+        The noise is regenerated tensor by tensor and accumulated, never held for the whole
+        population. ``state`` is not modified. Stats: ``update_norm`` (global L2 norm of the change
+        to the mean), ``mean_norm``, and ``fitness_{mean,std,min,max}`` over finite fitness with
+        ``fitness_nonfinite`` (count).
+        """
+        _check_generation(state, pop)
+        fitness = torch.as_tensor(fitness).detach().to("cpu", torch.float64).flatten()
+        if fitness.numel() != len(pop):
+            raise ValueError(f"got {fitness.numel()} fitness values for {len(pop)} members")
+        shaped = SHAPINGS[self.shaping](fitness).tolist()
+        weights: dict[int, float] = {}
+        for seed, sign, z in zip(pop.seeds, pop.signs, shaped, strict=True):
+            weights[seed] = weights.get(seed, 0.0) + sign * z
+        gen = new_generator(state.noise_device)
+        direction = [self._direction(state, t, weights, gen) for t in range(len(state.mean))]
+        mean, opt = ascend(
+            self.optimizer,
+            state.mean,
+            direction,
+            state.opt,
+            lr=self.alpha,
+            weight_decay=self.weight_decay,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+        )
+        new_state = ESState(
+            mean=mean,
+            seed=state.seed,
+            generation=state.generation + 1,
+            scales=list(state.scales),
+            noise_device=state.noise_device,
+            opt=opt,
+        )
+        stats = _fitness_stats(fitness)
+        stats["update_norm"] = _global_norm([a - b for a, b in zip(mean, state.mean, strict=True)])
+        stats["mean_norm"] = _global_norm(mean)
+        return new_state, stats
+
+    def _direction(
+        self, state: ESState, t: int, weights: dict[int, float], gen: torch.Generator
+    ) -> Tensor:
+        """Ascent direction for tensor ``t`` from per-seed weights ``sum_i f_i s_i``."""
+        m, scale = state.mean[t], state.scales[t]
+        acc = torch.zeros(m.shape, dtype=torch.float32, device=gen.device)
+        buf = torch.empty_like(acc)
+        for seed, w in weights.items():
+            if w != 0.0:
+                acc.add_(fill_noise(buf, seed, t, gen), alpha=w)
+        n = self.population_size
+        coef = scale / n if self.update == "paper" else 1.0 / (n * self.sigma * scale)
+        return acc.mul_(coef).to(m.device)
+
+
+def _stacked_noise(seeds: Sequence[int], t: int, shape: torch.Size, gen: torch.Generator) -> Tensor:
+    """``[N, *shape]`` unit noise for tensor ``t``; a seed repeated next to itself is drawn once."""
+    eps = torch.empty((len(seeds), *shape), dtype=torch.float32, device=gen.device)
+    for i, seed in enumerate(seeds):
+        if i > 0 and seed == seeds[i - 1]:
+            eps[i].copy_(eps[i - 1])
+        else:
+            fill_noise(eps[i], seed, t, gen)
+    return eps
+
+
+def _fitness_stats(fitness: Tensor) -> dict[str, float]:
+    """Summary of the finite fitness values (NaN where there are none) and the non-finite count."""
+    finite = fitness[torch.isfinite(fitness)]
+    if finite.numel() == 0:
+        finite = torch.full((1,), float("nan"), dtype=fitness.dtype)
+    return {
+        "fitness_mean": finite.mean().item(),
+        "fitness_std": finite.std(unbiased=False).item(),
+        "fitness_min": finite.min().item(),
+        "fitness_max": finite.max().item(),
+        "fitness_nonfinite": float(torch.isfinite(fitness).logical_not().sum().item()),
+    }
+
+
+def _global_norm(xs: Sequence[Tensor]) -> float:
+    return float(sum(x.double().pow(2).sum().item() for x in xs) ** 0.5)
+
+
+def _check(ok: bool, key: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(key, problem, fix)
+
+
+def _check_generation(state: ESState, pop: Population) -> None:
+    if pop.generation != state.generation:
+        raise ValueError(
+            f"population is from generation {pop.generation}, state is at {state.generation}"
+        )

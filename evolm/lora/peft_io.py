@@ -1,0 +1,92 @@
+"""Adapters on disk in PEFT format, loadable unchanged by peft, SGLang and vLLM.
+
+``adapter_config.json`` (``peft_type: LORA``, ``r``, ``lora_alpha``, ``target_modules``,
+``use_rslora: false``) and ``adapter_model.safetensors`` with PEFT key names
+(``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``). Writes are atomic:
+a directory is written beside the target and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from evolm.lora.layout import LoraLayout
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def adapter_config(layout: LoraLayout, base_model: str) -> dict:
+    """The PEFT ``LoraConfig`` fields every server reads; ``lora_alpha`` always explicit."""
+    all_layers = layout.target_layers == list(range(layout.num_layers))
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": layout.rank,
+        "lora_alpha": layout.alpha,
+        "target_modules": layout.target_modules,
+        "layers_to_transform": None if all_layers else layout.target_layers,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
+
+
+def save_adapter(
+    path: str | Path,
+    layout: LoraLayout,
+    tensors: Sequence[torch.Tensor],
+    base_model: str,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write one adapter directory atomically (replacing any previous one) and return it."""
+    path = Path(path)
+    if len(tensors) != len(layout.shapes()):
+        raise ValueError(f"{len(tensors)} tensors for a layout of {len(layout.shapes())}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        state = {
+            k: t.detach().to("cpu", dtype).contiguous()
+            for k, t in zip(layout.peft_keys(), tensors, strict=True)
+        }
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(layout, base_model), indent=2))
+        old = path.with_name(f".{path.name}.old")
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_adapter(path: str | Path, layout: LoraLayout) -> list[torch.Tensor]:
+    """Read an adapter written for ``layout`` back as fp32 tensors in layout order."""
+    path = Path(path)
+    config = json.loads((path / CONFIG_FILE).read_text())
+    if config["r"] != layout.rank or float(config["lora_alpha"]) != float(layout.alpha):
+        raise ValueError(
+            f"{path}: r={config['r']}, lora_alpha={config['lora_alpha']} does not "
+            f"match the layout's r={layout.rank}, alpha={layout.alpha}"
+        )
+    state = load_file(str(path / WEIGHTS_FILE))
+    missing = [k for k in layout.peft_keys() if k not in state]
+    if missing:
+        raise ValueError(f"{path}: {len(missing)} tensors missing, e.g. {missing[0]}")
+    return [state[k].float() for k in layout.peft_keys()]

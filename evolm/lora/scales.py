@@ -1,0 +1,35 @@
+"""Per-tensor noise scales: uniform, or proportional to the base weights' mean |w| per layer."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from safetensors import safe_open
+
+from evolm.lora.layout import LoraLayout
+
+
+def uniform_scales(layout: LoraLayout) -> list[float]:
+    return [1.0] * len(layout.shapes())
+
+
+def weight_mean_scales(model_dir: str | Path, layout: LoraLayout) -> list[float]:
+    """Layer l's A and B tensors get ``mean over its targets of mean|W|`` (seed 000's rule).
+
+    Reads only the target weights from the model's safetensors files (no model load).
+    """
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    else:
+        weight_map = defaultdict(lambda: "model.safetensors")
+    per_layer: dict[int, list[float]] = defaultdict(list)
+    for t in layout.targets:
+        name = f"{t.path}.weight"
+        with safe_open(str(model_dir / weight_map[name]), framework="pt") as f:
+            per_layer[t.layer].append(f.get_tensor(name).float().abs().mean().item())
+    layer_scale = {layer: sum(v) / len(v) for layer, v in per_layer.items()}
+    return [layer_scale[t.layer] for t in layout.targets for _ in (0, 1)]

@@ -1,0 +1,189 @@
+"""Model specs: cheap, frozen config objects that name a model and resolve it to a directory.
+
+Constructing a spec loads nothing. ``resolve()`` returns what to pass to ``from_pretrained``: a
+hub id or a local directory. A :class:`TinyModel` builds itself (offline, deterministically) into
+a cache directory on first use; a :class:`HubModel` names an existing checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from evolm.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "EVOLM_CACHE_DIR"
+DEFAULT_CACHE_DIR = "~/.cache/evolm"
+# Bump when the builder's output changes for the same spec: old cache entries are then ignored.
+TINY_BUILD_VERSION = 1
+MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads at the first request.
+MIN_VOCAB_SIZE = 512  # 256 byte-level symbols + 3 special tokens + room for merges.
+
+
+@runtime_checkable
+class ModelSpec(Protocol):
+    """Anything that names a causal LM: ``resolve()`` gives the path for ``from_pretrained``."""
+
+    def resolve(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A pretrained checkpoint: a hub id (``Qwen/Qwen2.5-0.5B-Instruct``) or a local directory."""
+
+    name_or_path: str
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name_or_path:
+            raise ConfigError("name_or_path", "is empty", "name a hub id or a local directory")
+        if self.revision is not None and self.is_local:
+            raise ConfigError(
+                "revision",
+                f"pins a hub revision, but {self.name_or_path!r} is a local path",
+                "remove revision (set it to null) or use a hub id",
+            )
+
+    @property
+    def is_local(self) -> bool:
+        return self.name_or_path.startswith(("/", ".", "~"))
+
+    def resolve(self) -> str:
+        """The name or path for ``from_pretrained``.
+
+        A local path must exist. A hub id is returned as is, unless ``revision`` pins one: then
+        the snapshot of that revision is fetched (or found in the HF cache) and its directory
+        returned, so every loader reads the same files.
+        """
+        if self.is_local:
+            path = Path(self.name_or_path).expanduser()
+            if not path.is_dir():
+                raise ConfigError(
+                    "name_or_path",
+                    f"local model directory {str(path)!r} does not exist",
+                    "point it at a directory holding config.json, or use a hub id",
+                )
+            return str(path.resolve())
+        if self.revision is None:
+            return self.name_or_path
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(self.name_or_path, revision=self.revision)
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A tiny random-weight Qwen2-architecture model with a trained byte-level BPE tokenizer.
+
+    Built offline in a few seconds on first ``resolve()`` and cached under
+    ``<cache_dir>/models/tiny-<hash>``; the same fields always give byte-identical files.
+    ``vocab_size`` is the embedding size and the BPE target (the built-in corpus reaches it for
+    the default 2048; a larger value leaves unused embedding rows, as Qwen's checkpoints do).
+    """
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 2048
+    max_position_embeddings: int = 1024
+    seed: int = 0
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, f"must be positive, got {getattr(self, key)}", "set >= 1")
+        self._check_heads()
+        if self.vocab_size < MIN_VOCAB_SIZE:
+            raise ConfigError(
+                "vocab_size", f"{self.vocab_size} is too small", f"set >= {MIN_VOCAB_SIZE}"
+            )
+        if self.max_position_embeddings < 16:
+            raise ConfigError(
+                "max_position_embeddings",
+                f"{self.max_position_embeddings} is too small",
+                "set >= 16",
+            )
+
+    def _check_heads(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                "num_heads",
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}",
+                "choose num_heads that divides hidden_size",
+            )
+        head_dim = self.hidden_size // self.num_heads
+        if head_dim < MIN_HEAD_DIM:
+            raise ConfigError(
+                "num_heads",
+                f"head_dim = hidden_size / num_heads = {self.hidden_size}/{self.num_heads} "
+                f"= {head_dim} < {MIN_HEAD_DIM} (vLLM's CPU attention rejects it)",
+                f"lower num_heads or raise hidden_size so that head_dim >= {MIN_HEAD_DIM}",
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                "num_kv_heads",
+                f"num_heads {self.num_heads} is not divisible by num_kv_heads {self.num_kv_heads}",
+                "choose num_kv_heads that divides num_heads",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def fingerprint(self) -> str:
+        """A short hash of every field that shapes the files (all but ``cache_dir``)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del fields["cache_dir"]
+        fields["build_version"] = TINY_BUILD_VERSION
+        blob = json.dumps(fields, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def cache_root(self) -> Path:
+        root = self.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
+        return Path(root).expanduser()
+
+    def model_dir(self) -> Path:
+        """Where this spec's model lives (it may not be built yet)."""
+        return self.cache_root() / "models" / f"tiny-{self.fingerprint()}"
+
+    def resolve(self) -> str:
+        """The model directory, built on first use (atomically; safe across processes)."""
+        target = self.model_dir()
+        if not (target / "config.json").is_file():
+            _build_atomically(self, target)
+        return str(target)
+
+
+def _build_atomically(spec: TinyModel, target: Path) -> None:
+    """Build into a temp dir beside ``target``, then rename; if another process won, keep theirs."""
+    from evolm.model.tiny import build_tiny_model  # heavy imports only when building
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        build_tiny_model(tmp, spec)
+        tmp.chmod(0o755)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            logger.info("another process built %s first; keeping theirs", target)
+        else:
+            logger.info("built tiny model %s", target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

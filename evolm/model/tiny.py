@@ -1,0 +1,74 @@
+"""Build a tiny Qwen2-architecture causal LM offline, deterministically, in a few seconds.
+
+Same spec -> byte-identical model.safetensors and tokenizer.json. The weights come from a forked
+RNG seeded with ``spec.seed``; the global RNG is left untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from evolm.model.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
+
+if TYPE_CHECKING:
+    from evolm.model.spec import TinyModel
+
+logger = logging.getLogger(__name__)
+
+
+def qwen2_config(spec: TinyModel, bos_id: int, eos_id: int, pad_id: int) -> Qwen2Config:
+    """The model config: Qwen2 architecture, tied embeddings, default RoPE, float32."""
+    return Qwen2Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        max_window_layers=spec.num_layers,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+    )
+
+
+def init_model(config: Qwen2Config, seed: int) -> Qwen2ForCausalLM:
+    """Random weights from ``seed`` (forked RNG, so the caller's global RNG is unchanged)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    return model.eval()
+
+
+def build_tiny_model(out_dir: str | Path, spec: TinyModel) -> Path:
+    """Write config, safetensors weights, generation config and tokenizer files to ``out_dir``."""
+    start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(spec.vocab_size)
+    endoftext, im_end = tok.token_to_id(ENDOFTEXT), tok.token_to_id(IM_END)
+    config = qwen2_config(spec, bos_id=endoftext, eos_id=im_end, pad_id=endoftext)
+    model = init_model(config, spec.seed)
+    model.generation_config = GenerationConfig(
+        bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    save_tokenizer(tok, out)
+    logger.info(
+        "tiny model: %d params, %d tokens, built in %.2f s -> %s",
+        model.num_parameters(),
+        tok.get_vocab_size(),
+        time.perf_counter() - start,
+        out,
+    )
+    return out

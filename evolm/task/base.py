@@ -1,0 +1,114 @@
+"""The Task protocol: what to prompt, and how to score completions.
+
+A task hands the loop :class:`Example` s and scores completions. ``reward`` is per completion;
+a member's fitness is the mean ``reward`` over the prompts it answered (the loop computes it).
+Tasks maximise reward.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from evolm.errors import ConfigError
+
+Message = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are generated: greedy when ``temperature == 0``."""
+
+    max_new_tokens: int = 100
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(
+                "max_new_tokens",
+                f"must be >= 1, got {self.max_new_tokens}",
+                "set it to the longest completion you need, e.g. 100",
+            )
+        if self.temperature < 0:
+            raise ConfigError(
+                "temperature",
+                f"must be >= 0, got {self.temperature}",
+                "use 0 for greedy decoding or a positive value to sample",
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}", "use 1.0 to disable")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and what its reward needs to know.
+
+    ``prompt`` is raw text (fed verbatim) or chat messages (rendered with the model's chat
+    template, then ``assistant_prefix`` is appended after the assistant header).
+    """
+
+    prompt: str | Sequence[Message]
+    reference: Mapping[str, Any] = field(default_factory=dict)
+    assistant_prefix: str = ""
+
+
+Scores = dict[str, list[float]]
+"""Per-completion scores; the key ``"reward"`` is required, others are logged as task metrics."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """Anything that yields examples and scores completions is a task."""
+
+    sampling: Sampling
+
+    def train_examples(self, generation: int) -> list[Example]:
+        """The prompts every member answers in ``generation`` (1-based), deterministic."""
+        ...
+
+    def eval_examples(self) -> list[Example]:
+        """The held-out prompts the mean is evaluated on."""
+        ...
+
+    def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
+        """Scores for ``completions[i]`` answering ``examples[i]`` (one batch, all members)."""
+        ...
+
+
+def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict[str, Any]]:
+    """Read a JSON-lines file whose records must carry ``required`` fields.
+
+    ``key`` is the config key that named the file, so errors say what to change.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(
+            key,
+            f"data file {str(p)!r} does not exist",
+            f"point {key} at a JSON-lines file with fields {list(required)}",
+        )
+    records = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                key, f"{p}:{n} is not valid JSON ({e.msg})", "write one JSON object per line"
+            ) from None
+        missing = [f for f in required if f not in rec]
+        if missing:
+            raise ConfigError(
+                key,
+                f"{p}:{n} lacks field(s) {missing}",
+                f"give every record the fields {list(required)}",
+            )
+        records.append(rec)
+    if not records:
+        raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
+    return records

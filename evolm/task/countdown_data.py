@@ -1,0 +1,240 @@
+"""Countdown puzzles: evolm's own solvable-by-construction generator, and a loader.
+
+Generated records have the fields of the paper's ``countdown.json`` (``id``, ``context``,
+``numbers``, ``target``, ``solution``), so either source feeds the same task. The generator
+is written from scratch; it shares nothing with the paper's (non-commercial) data but the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from evolm.errors import ConfigError
+from evolm.task.countdown_reward import format_target, paper_prompt, parse_target
+
+__all__ = ["FIELDS", "generate_puzzle", "generate_puzzles", "load_countdown_json"]
+
+FIELDS = ("id", "context", "numbers", "target", "solution")
+"""The fields of every Countdown record."""
+
+_OPS = "+-*/"
+_MAX_ATTEMPTS = 10_000
+
+
+def _check(ok: bool, key: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(key, problem, fix)
+
+
+def _try_tree(
+    rng: random.Random,
+    numbers: list[int],
+    max_intermediate: int,
+    max_denominator: int,
+) -> tuple[Fraction, str] | None:
+    """Combine random pairs of ``numbers`` with random operators until one value is left.
+
+    Returns ``(value, fully parenthesised expression)``, or ``None`` when an intermediate result
+    divides by zero, exceeds ``max_intermediate`` in magnitude or has a denominator above
+    ``max_denominator``.
+    """
+    pool: list[tuple[Fraction, str]] = [(Fraction(x), str(x)) for x in numbers]
+    while len(pool) > 1:
+        i, j = rng.sample(range(len(pool)), 2)  # ordered: the left operand is pool[i]
+        (a, a_text), (b, b_text) = pool[i], pool[j]
+        op = rng.choice(_OPS)
+        if op == "+":
+            value = a + b
+        elif op == "-":
+            value = a - b
+        elif op == "*":
+            value = a * b
+        else:
+            if b == 0:
+                return None
+            value = a / b
+        if abs(value) > max_intermediate or value.denominator > max_denominator:
+            return None
+        pool = [p for k, p in enumerate(pool) if k not in (i, j)]
+        pool.append((value, f"({a_text} {op} {b_text})"))
+    return pool[0]
+
+
+def generate_puzzle(
+    rng: random.Random,
+    *,
+    min_numbers: int = 3,
+    max_numbers: int = 4,
+    max_value: int = 100,
+    max_target: int = 1000,
+    max_denominator: int = 1,
+    allow_negative: bool = False,
+) -> tuple[list[int], Fraction, str]:
+    """One puzzle ``(numbers, exact target, solution)`` drawn from ``rng``.
+
+    See :func:`generate_puzzles` for the parameters. Raises ``RuntimeError`` if no puzzle meets
+    the constraints within 10,000 attempts (only with unusually tight constraints).
+    """
+    max_intermediate = max(max_target, (max_value - 1) ** 2)
+    for _ in range(_MAX_ATTEMPTS):
+        count = rng.randint(min_numbers, max_numbers)
+        numbers = [rng.randint(1, max_value - 1) for _ in range(count)]
+        tree = _try_tree(rng, numbers, max_intermediate, max_denominator)
+        if tree is None:
+            continue
+        value, solution = tree
+        if abs(value) > max_target or (value < 0 and not allow_negative):
+            continue
+        return numbers, value, solution
+    raise RuntimeError(
+        f"no Countdown puzzle met the constraints in {_MAX_ATTEMPTS} attempts "
+        f"(max_target={max_target}, max_denominator={max_denominator}); loosen them"
+    )
+
+
+def generate_puzzles(
+    n: int,
+    seed: int,
+    *,
+    min_numbers: int = 3,
+    max_numbers: int = 4,
+    max_value: int = 100,
+    max_target: int = 1000,
+    max_denominator: int = 1,
+    allow_negative: bool = False,
+) -> list[dict[str, Any]]:
+    """``n`` Countdown puzzles, solvable by construction; the same ``seed`` gives the same list.
+
+    Each puzzle draws ``min_numbers``..``max_numbers`` numbers uniformly from
+    ``1..max_value - 1`` (the default 100 gives the paper's range 1..99; repeats allowed), then
+    builds a random expression tree: it repeatedly combines two random operands with a random
+    ``+ - * /``. A tree is rejected when any step divides by zero, leaves a value whose
+    denominator exceeds ``max_denominator`` (1, the default, keeps every intermediate an
+    integer), or whose magnitude exceeds ``max(max_target, (max_value - 1) ** 2)``; the puzzle is
+    rejected when ``|target| > max_target`` or the target is negative and ``allow_negative`` is
+    false. Rejected draws are redrawn from the same generator, so output is deterministic.
+
+    Records: ``id`` (0..n-1), ``context`` (:func:`~evolm.task.countdown_reward.paper_prompt`),
+    ``numbers`` (list of int, in drawn order), ``target`` (str: integers as ``"98"``, fractions
+    as the shortest float repr, e.g. ``"74.75"``, as in the paper's file) and ``solution`` (the
+    fully parenthesised tree, e.g. ``"((44 + 19) + 35)"``).
+    """
+    _check(n >= 0, "n", f"must be >= 0, got {n}", "ask for a non-negative number of puzzles")
+    _check(
+        2 <= min_numbers <= max_numbers,
+        "min_numbers",
+        f"need 2 <= min_numbers <= max_numbers, got {min_numbers}..{max_numbers}",
+        "use e.g. min_numbers=3, max_numbers=4",
+    )
+    _check(max_value >= 2, "max_value", f"must be >= 2, got {max_value}", "use e.g. 100")
+    _check(max_target >= 0, "max_target", f"must be >= 0, got {max_target}", "use e.g. 1000")
+    _check(
+        max_denominator >= 1,
+        "max_denominator",
+        f"must be >= 1, got {max_denominator}",
+        "use 1 for integer-only arithmetic",
+    )
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    for i in range(n):
+        numbers, value, solution = generate_puzzle(
+            rng,
+            min_numbers=min_numbers,
+            max_numbers=max_numbers,
+            max_value=max_value,
+            max_target=max_target,
+            max_denominator=max_denominator,
+            allow_negative=allow_negative,
+        )
+        target = format_target(value)
+        records.append(
+            {
+                "id": i,
+                "context": paper_prompt(numbers, target),
+                "numbers": numbers,
+                "target": target,
+                "solution": solution,
+            }
+        )
+    return records
+
+
+def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, Any]]:
+    """Countdown records from a JSON array (the paper's ``countdown.json``) or JSON-lines file.
+
+    Every record needs ``numbers`` (list of int) and ``target`` (str or number); ``id``,
+    ``context`` and ``solution`` are filled in when absent (``id`` = position, ``context`` =
+    the paper prompt, ``solution`` = ``None``). ``target`` is kept as the file's text, or
+    formatted with :func:`~evolm.task.countdown_reward.format_target` when it is a number.
+    ``key`` names the config key that pointed here, for error messages.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(
+            key,
+            f"data file {str(p)!r} does not exist",
+            "point it at a Countdown JSON (array) or JSON-lines file",
+        )
+    text = p.read_text(encoding="utf-8")
+    is_array = text.lstrip().startswith("[")
+    chunks = [(1, text)] if is_array else list(enumerate(text.splitlines(), start=1))
+    raw: list[Any] = []
+    for lineno, chunk in chunks:
+        if not chunk.strip():
+            continue
+        try:
+            parsed = json.loads(chunk)
+        except json.JSONDecodeError as e:
+            line = e.lineno if is_array else lineno
+            raise ConfigError(
+                key,
+                f"{p}:{line} is not valid JSON ({e.msg})",
+                "write a JSON array of records or one JSON object per line",
+            ) from None
+        if is_array:
+            raw = parsed  # text starting with "[" that parses is a list
+        else:
+            raw.append(parsed)
+    if not raw:
+        raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
+    records: list[dict[str, Any]] = []
+    for pos, rec in enumerate(raw):
+        where = f"{p} record {pos}"
+        if not isinstance(rec, dict):
+            raise ConfigError(key, f"{where} is not a JSON object", "make every record an object")
+        numbers = rec.get("numbers")
+        if not (
+            isinstance(numbers, list)
+            and numbers
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in numbers)
+        ):
+            raise ConfigError(
+                key,
+                f"{where} needs 'numbers' as a non-empty list of integers",
+                'give e.g. "numbers": [44, 19, 35]',
+            )
+        target = rec.get("target")
+        if isinstance(target, bool) or not isinstance(target, str | int | float):
+            raise ConfigError(
+                key, f"{where} needs 'target' as a string or number", 'give e.g. "target": "98"'
+            )
+        try:
+            target_text = format_target(target)
+            parse_target(target_text)
+        except (ValueError, OverflowError):
+            raise ConfigError(
+                key,
+                f"{where} has a target {target!r} that is not a number",
+                'give e.g. "target": "98" or "27.4"',
+            ) from None
+        out = dict(rec)
+        out["id"] = rec.get("id", pos)
+        out["target"] = target_text
+        out["context"] = rec.get("context") or paper_prompt(numbers, target_text)
+        out["solution"] = rec.get("solution")
+        records.append(out)
+    return records

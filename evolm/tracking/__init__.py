@@ -1,0 +1,1 @@
+"""Tracking: results files, figures, progress (and, later, MLflow)."""

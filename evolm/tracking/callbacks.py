@@ -1,0 +1,85 @@
+"""Built-in callbacks: results as JSON lines, the evolution figure, a progress bar."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from evolm.es import ESState
+from evolm.loop import Callback, Record, RunContext
+from evolm.tracking.plot import plot_evolution
+
+log = logging.getLogger(__name__)
+
+
+class ResultsWriter(Callback):
+    """Appends every record to ``<run dir>/<filename>`` as one JSON line, flushed at once."""
+
+    def __init__(self, filename: str = "results.jsonl") -> None:
+        self.filename = filename
+
+    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()
+        }
+        with open(ctx.output_dir / self.filename, "a", encoding="utf-8") as f:
+            f.write(json.dumps(clean) + "\n")
+
+
+class EvolutionPlot(Callback):
+    """Redraws ``<run dir>/figures/evolution.png`` every ``every`` generations and at the end."""
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = every
+        self.records: list[dict[str, Any]] = []
+
+    def on_run_start(self, ctx: RunContext, state: ESState) -> None:
+        self.records = []
+
+    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
+        self.records.append(record)
+        if record["generation"] % self.every == 0:
+            plot_evolution(self.records, Path(ctx.output_dir) / "figures" / "evolution.png")
+
+    def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
+        plot_evolution(self.records, Path(ctx.output_dir) / "figures" / "evolution.png")
+
+
+class ProgressBar(Callback):
+    """A tqdm bar over generations showing fitness and the latest eval reward."""
+
+    def __init__(self, disable: bool | None = None) -> None:
+        self.disable = disable
+        self.bar: tqdm | None = None
+        self.postfix: dict[str, str] = {}
+
+    def on_run_start(self, ctx: RunContext, state: ESState) -> None:
+        self.bar = tqdm(
+            total=ctx.generations,
+            initial=state.generation,
+            desc="ES",
+            unit="gen",
+            disable=self.disable,
+            dynamic_ncols=True,
+        )
+
+    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
+        if self.bar is None:
+            return
+        if "train/fitness_mean" in record:
+            self.postfix["fitness"] = f"{record['train/fitness_mean']:.4g}"
+            self.postfix["max"] = f"{record['train/fitness_max']:.4g}"
+            self.bar.update(1)
+        if "eval/reward_mean" in record:
+            self.postfix["eval"] = f"{record['eval/reward_mean']:.4g}"
+        self.bar.set_postfix(self.postfix)
+
+    def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
+        if self.bar is not None:
+            self.bar.close()

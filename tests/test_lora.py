@@ -1,0 +1,111 @@
+"""LoRA spec/layout/PEFT files, and the local engine's logits against peft.PeftModel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from evolm.errors import ConfigError
+from evolm.es import ES
+from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, load_adapter, save_adapter
+from evolm.server.local import LocalEngine
+from evolm.server.multilora import load_population
+
+
+def layout_for(model_dir: str, **spec: object) -> tuple[LoraSpec, LoraLayout]:
+    lora = LoraSpec(**spec)  # type: ignore[arg-type]
+    return lora, LoraLayout.from_hf_config(AutoConfig.from_pretrained(model_dir), lora)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"rank": 0}, "rank"),
+        ({"target_modules": ["q_proj", "qkv"]}, "target_modules"),
+        ({"init": "kaiming"}, "init"),
+        ({"alpha": 0}, "alpha"),
+        ({"noise_scale": "huge"}, "noise_scale"),
+    ],
+)
+def test_bad_spec_names_the_key(kwargs: dict, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}: .*Fix: "):
+        LoraSpec(**kwargs)
+
+
+def test_layer_out_of_range_is_a_config_error(tiny_model_dir: str) -> None:
+    with pytest.raises(ConfigError, match="target_layers: layer 7 does not exist"):
+        layout_for(tiny_model_dir, target_layers=[0, 7])
+
+
+def test_layout_shapes_follow_the_model(tiny_model_dir: str) -> None:
+    _, layout = layout_for(tiny_model_dir, rank=2, target_modules=["k_proj", "down_proj"])
+    cfg = AutoConfig.from_pretrained(tiny_model_dir)
+    kv = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    assert layout.shapes()[:4] == [
+        (2, cfg.hidden_size),
+        (kv, 2),
+        (2, cfg.intermediate_size),
+        (cfg.hidden_size, 2),
+    ]
+    assert len(layout.targets) == 2 * cfg.num_hidden_layers
+
+
+def random_population(layout: LoraLayout, members: int, seed: int = 1) -> LoraPopulation:
+    strategy = ES(population_size=members, sigma=0.05)
+    mean = [
+        torch.randn(s, generator=torch.Generator().manual_seed(i)) * 0.05
+        for i, s in enumerate(layout.shapes())
+    ]
+    state = strategy.init(mean, seed=seed)
+    return LoraPopulation(layout, tuple(strategy.sample(state, strategy.ask(state))))
+
+
+@pytest.mark.parametrize("target_layers", [None, [1]])
+def test_local_engine_logits_equal_peft(tiny_model_dir: str, tmp_path, target_layers) -> None:
+    """Member m's rows through MultiLoraLinear == PeftModel with member m's adapter files.
+
+    Tolerance: fp32 on CPU, max |diff| <= 1e-5 (the two paths order the same matmuls
+    differently, so bit-equality is not expected).
+    """
+    _, layout = layout_for(tiny_model_dir, rank=3, alpha=6.0, target_layers=target_layers)
+    population = random_population(layout, members=3)
+    engine = LocalEngine(tiny_model_dir, layout, device="cpu", dtype="float32")
+    prompts = ["Solve: 3 + 5 =", "What is the capital of France? Answer in one word."]
+    enc = engine.tokenizer(prompts, return_tensors="pt", padding=True)
+    load_population(engine.layers, population, engine.device, engine.dtype)
+    with torch.inference_mode():
+        ours = engine.model(
+            input_ids=enc["input_ids"].repeat(3, 1),
+            attention_mask=enc["attention_mask"].repeat(3, 1),
+        ).logits
+    for m in range(3):
+        path = save_adapter(tmp_path / f"m{m}", layout, population.member(m), tiny_model_dir)
+        config = json.loads((path / "adapter_config.json").read_text())
+        assert config["peft_type"] == "LORA" and config["use_rslora"] is False
+        assert config["r"] == 3 and config["lora_alpha"] == 6.0
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        peft_model = PeftModel.from_pretrained(base, str(path)).eval()
+        with torch.inference_mode():
+            theirs = peft_model(**enc).logits
+        mask = enc["attention_mask"].bool()
+        diff = (ours[2 * m : 2 * m + 2] - theirs)[mask].abs().max().item()
+        assert diff <= 1e-5, f"member {m}: max |logit diff| {diff}"
+    # and the adapters really change the model: member 0 differs from the base model
+    load_population(engine.layers, None, engine.device, engine.dtype)
+    with torch.inference_mode():
+        plain = engine.model(**enc).logits
+    assert (plain - ours[:2]).abs().max() > 1e-3
+
+
+def test_adapter_roundtrip_is_exact_and_atomic(tiny_model_dir: str, tmp_path) -> None:
+    _, layout = layout_for(tiny_model_dir, rank=2)
+    tensors = random_population(layout, members=2).member(1)
+    path = save_adapter(tmp_path / "adapter", layout, tensors, tiny_model_dir)
+    save_adapter(path, layout, [t * 2 for t in tensors], tiny_model_dir)  # replace in place
+    back = load_adapter(path, layout)
+    assert all(torch.equal(a * 2, b) for a, b in zip(tensors, back, strict=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]  # no temp dirs left

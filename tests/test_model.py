@@ -1,0 +1,263 @@
+"""Tests for evolm.model: specs, the offline tiny-model builder and the loader (CPU, fast)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from evolm.errors import ConfigError
+from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
+from evolm.model.spec import CACHE_ENV, _build_atomically
+from evolm.model.tiny import build_tiny_model
+
+CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
+
+TEXTS = [
+    "Hello world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "Solve: 3 + 5 =",
+    "What is the capital of France?",
+    "1234567890 and 3.14159, -42, 1e-9",
+    "Using the numbers [19, 36, 55, 7], create an equation that equals 65.",
+    "<think> 55 + 19 = 74; 74 - 9 = 65 </think>\n<answer> 55 + 19 - (36 - 27) </answer>",
+    "line one\nline two\r\nline three\n\n\nend",
+    "   leading spaces, trailing spaces   ",
+    "tabs\tand\tmore\t\ttabs",
+    "it's, we'll, they've, I'M, you'D",
+    "Café naïve résumé Zürich São Paulo",
+    "Ελλάδα Москва 東京 北京 서울",
+    "emoji 🙂🚀 and symbols € £ ¥ © ™ ± × ÷",
+    "e\u0301 composed by NFC",
+    "CamelCaseIdentifier snake_case_name kebab-case",
+    "def f(x):\n    return x ** 2  # square",
+    '{"key": "value", "list": [1, 2, 3]}',
+    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich.",
+    "",
+]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(TinyModel(cache_dir=str(tmp_path_factory.mktemp("cache"))).resolve())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+
+
+def test_build_is_byte_for_byte_deterministic(tmp_path: Path) -> None:
+    spec = TinyModel()
+    a, b = build_tiny_model(tmp_path / "a", spec), build_tiny_model(tmp_path / "b", spec)
+    files = sorted(p.name for p in a.iterdir())
+    assert {"model.safetensors", "tokenizer.json", "config.json", "generation_config.json"} <= set(
+        files
+    )
+    assert files == sorted(p.name for p in b.iterdir())
+    for name in files:
+        assert sha256(a / name) == sha256(b / name), name
+
+
+def test_build_leaves_global_rng_untouched(tmp_path: Path) -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_model(tmp_path, TinyModel(seed=7))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_seed_changes_weights_not_tokenizer(tmp_path: Path) -> None:
+    a = build_tiny_model(tmp_path / "a", TinyModel(seed=0))
+    b = build_tiny_model(tmp_path / "b", TinyModel(seed=1))
+    assert sha256(a / "model.safetensors") != sha256(b / "model.safetensors")
+    assert sha256(a / "tokenizer.json") == sha256(b / "tokenizer.json")
+
+
+def test_autotokenizer_is_qwen2_with_full_vocab(
+    tokenizer: PreTrainedTokenizerBase, tiny_dir: Path
+) -> None:
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"
+    assert len(tokenizer) == TinyModel().vocab_size
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token == "<|endoftext|>"
+    assert tokenizer.bos_token is None
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_autotokenizer_ids_equal_trained_ids(
+    tokenizer: PreTrainedTokenizerBase, trained: Tokenizer, text: str
+) -> None:
+    ids = tokenizer(text)["input_ids"]
+    assert ids == trained.encode(text).ids
+    assert tokenizer.decode(ids) == trained.decode(ids)
+
+
+@pytest.mark.parametrize("token", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+def test_special_tokens_encode_to_single_ids(
+    tokenizer: PreTrainedTokenizerBase, trained: Tokenizer, token: str
+) -> None:
+    ids = tokenizer(f"a{token}b")["input_ids"]
+    assert tokenizer.convert_tokens_to_ids(token) in ids
+    assert len(tokenizer(token)["input_ids"]) == 1
+    assert ids == trained.encode(f"a{token}b").ids
+
+
+def test_chat_template_renders_chatml(tokenizer: PreTrainedTokenizerBase) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3 + 3?"},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
+    assert "<|im_start|>assistant\n4<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>user\nAnd 3 + 3?<|im_end|>\n<|im_start|>assistant\n")
+    no_prompt = tokenizer.apply_chat_template(messages[1:2], tokenize=False)
+    assert no_prompt.startswith("<|im_start|>system\n")  # a default system turn, like Qwen2.5
+    assert no_prompt.endswith("<|im_end|>\n")
+
+
+def test_generation_config_stops_on_both_eos(
+    tiny_dir: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    model, _ = load_causal_lm(str(tiny_dir), device="cpu", dtype=torch.float32)
+    gen = model.generation_config
+    ids = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert list(gen.eos_token_id) == ids
+    assert gen.pad_token_id == tokenizer.pad_token_id
+    assert model.config.tie_word_embeddings
+    assert model.config.model_type == "qwen2"
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """A tiny model on 2 shared cores runs faster (and steadier) on one intra-op thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_left_padded_batch_generates_like_single_prompts(tiny_dir: Path) -> None:
+    model, tok = load_causal_lm(str(tiny_dir), device="cpu", dtype=torch.float32)
+    assert tok.padding_side == "left"
+    assert not model.training
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True
+        )
+        for c in ["Hi", "What is the capital of France? Answer in one word, please."]
+    ]
+    kwargs = {"max_new_tokens": 16, "do_sample": False, "min_new_tokens": 16}
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    assert (batch["attention_mask"][0] == 0).any()  # the short prompt really is padded
+    with torch.no_grad():
+        batched = model.generate(**batch, **kwargs)[:, batch["input_ids"].shape[1] :]
+        for row, prompt in enumerate(prompts):
+            alone = tok(prompt, return_tensors="pt")
+            single = model.generate(**alone, **kwargs)[0, alone["input_ids"].shape[1] :]
+            assert torch.equal(batched[row], single), row
+
+
+def test_head_dim_below_32_raises() -> None:
+    with pytest.raises(ConfigError, match="hidden_size") as err:
+        TinyModel(hidden_size=64, num_heads=4)
+    assert err.value.key == "num_heads"
+
+
+def test_kv_heads_must_divide_heads() -> None:
+    with pytest.raises(ConfigError) as err:
+        TinyModel(hidden_size=192, num_heads=3, num_kv_heads=2)
+    assert err.value.key == "num_kv_heads"
+
+
+def test_hub_model_missing_local_path_raises(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        HubModel(str(tmp_path / "missing")).resolve()
+    assert err.value.key == "name_or_path"
+    with pytest.raises(ConfigError):
+        HubModel("./no/such/model").resolve()
+
+
+def test_hub_model_resolves_ids_and_local_dirs(tiny_dir: Path) -> None:
+    assert HubModel("Qwen/Qwen2.5-0.5B-Instruct").resolve() == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert HubModel(str(tiny_dir)).resolve() == str(tiny_dir)
+    with pytest.raises(ConfigError) as err:
+        HubModel(str(tiny_dir), revision="main")
+    assert err.value.key == "revision"
+
+
+def test_hub_model_loads_through_the_same_path(tiny_dir: Path) -> None:
+    model, tok = load_causal_lm(
+        HubModel(str(tiny_dir)).resolve(), device="cpu", dtype=torch.float32
+    )
+    assert model.config.vocab_size == len(tok)
+
+
+def test_resolve_twice_does_not_rebuild(tmp_path: Path) -> None:
+    spec = TinyModel(cache_dir=str(tmp_path))
+    first = Path(spec.resolve())
+    mtime = (first / "model.safetensors").stat().st_mtime_ns
+    assert spec.resolve() == str(first)
+    assert (first / "model.safetensors").stat().st_mtime_ns == mtime
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp dirs left
+
+
+def test_concurrent_builder_keeps_the_winner(tmp_path: Path) -> None:
+    spec = TinyModel(cache_dir=str(tmp_path))
+    target = Path(spec.resolve())
+    mtime = (target / "model.safetensors").stat().st_mtime_ns
+    _build_atomically(spec, target)  # a second process finishing after the first
+    assert (target / "model.safetensors").stat().st_mtime_ns == mtime
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_cache_dir_and_fingerprint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    spec = TinyModel()
+    assert spec.model_dir().parent == tmp_path / "models"
+    assert spec.model_dir().name == f"tiny-{spec.fingerprint()}"
+    assert TinyModel(cache_dir="/elsewhere").fingerprint() == spec.fingerprint()
+    assert TinyModel(seed=1).fingerprint() != spec.fingerprint()
+    assert isinstance(spec, ModelSpec)
+    assert isinstance(HubModel("x/y"), ModelSpec)
+
+
+def test_specs_load_nothing() -> None:
+    code = (
+        "import sys; from evolm.model import TinyModel, HubModel; TinyModel(); HubModel('a/b'); "
+        "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONF_MODEL.glob("*.yaml")))
+def test_model_yaml_instantiates(name: str) -> None:
+    cfg = OmegaConf.load(CONF_MODEL / f"{name}.yaml")
+    assert cfg.pop("defaults")[-1] == "_self_"
+    spec = instantiate(cfg, _execution_whitelist_=["evolm.*"])
+    assert isinstance(spec, ModelSpec)
+    if isinstance(spec, TinyModel):
+        assert spec == TinyModel()
