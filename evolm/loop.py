@@ -86,6 +86,9 @@ class ESLoop:
         ev = evaluate(self.engine, self.task, examples, adapters, seed=self.seed + generation)
         told = time.perf_counter()
         state, stats = self.strategy.tell(state, pop, ev.fitness)
+        task_stats = (
+            self.task.after_generation(ev) if hasattr(self.task, "after_generation") else {}
+        )
         f = ev.fitness
         record: Record = {
             "generation": generation,
@@ -94,6 +97,7 @@ class ESLoop:
             "train/fitness_p80": percentile(f, 0.8),
             "train/fitness_max": f.nan_to_num(-math.inf).max().item(),
             **{f"train/{k}_mean": v for k, v in ev.metrics.items()},
+            **{f"train/{k}": v for k, v in task_stats.items()},
             "es/update_norm": stats["update_norm"],
             "time/generate_s": ev.generate_s,
             "time/score_s": ev.score_s,

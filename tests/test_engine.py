@@ -102,8 +102,8 @@ def test_rows_stop_at_eos(engine: LocalEngine) -> None:
 
 def test_bad_device_and_dtype_are_config_errors(tiny_model_dir: str) -> None:
     layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec())
-    with pytest.raises(ConfigError, match="^dtype: "):
+    with pytest.raises(ConfigError, match=r"^dtype: "):
         LocalEngine(tiny_model_dir, layout, device="cpu", dtype="float8")
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="^device: "):
+        with pytest.raises(ConfigError, match=r"^device: "):
             LocalEngine(tiny_model_dir, layout, device="cuda")

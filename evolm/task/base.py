@@ -79,6 +79,12 @@ class Task(Protocol):
         ...
 
 
+# Optional task hook, called by the loop after each generation's ``tell`` when a task defines it:
+#     def after_generation(self, evaluation: evolm.evaluate.Evaluation) -> dict[str, float]
+# It may adapt task state (e.g. the scorer task's Lagrange multiplier) from the generation's
+# scores; the returned numbers are logged as ``train/<name>``.
+
+
 def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict[str, Any]]:
     """Read a JSON-lines file whose records must carry ``required`` fields.
 
