@@ -51,8 +51,8 @@ def sha256(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(TinyModel(cache_dir=str(tmp_path_factory.mktemp("cache"))).resolve())
+def tiny_dir(tiny_model_dir: str) -> Path:
+    return Path(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,11 @@ def trained(tiny_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
 
 
+QUICK = {"warmup_steps": 3}  # builds that test mechanics, not the warmed-up model
+
+
 def test_build_is_byte_for_byte_deterministic(tmp_path: Path) -> None:
-    spec = TinyModel()
+    spec = TinyModel(**QUICK)
     a, b = build_tiny_model(tmp_path / "a", spec), build_tiny_model(tmp_path / "b", spec)
     files = sorted(p.name for p in a.iterdir())
     assert {"model.safetensors", "tokenizer.json", "config.json", "generation_config.json"} <= set(
@@ -81,13 +84,13 @@ def test_build_leaves_global_rng_untouched(tmp_path: Path) -> None:
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    build_tiny_model(tmp_path, TinyModel(seed=7))
+    build_tiny_model(tmp_path, TinyModel(seed=7, **QUICK))
     assert torch.equal(torch.rand(3), expected)
 
 
 def test_seed_changes_weights_not_tokenizer(tmp_path: Path) -> None:
-    a = build_tiny_model(tmp_path / "a", TinyModel(seed=0))
-    b = build_tiny_model(tmp_path / "b", TinyModel(seed=1))
+    a = build_tiny_model(tmp_path / "a", TinyModel(seed=0, **QUICK))
+    b = build_tiny_model(tmp_path / "b", TinyModel(seed=1, **QUICK))
     assert sha256(a / "model.safetensors") != sha256(b / "model.safetensors")
     assert sha256(a / "tokenizer.json") == sha256(b / "tokenizer.json")
 
@@ -216,7 +219,7 @@ def test_hub_model_loads_through_the_same_path(tiny_dir: Path) -> None:
 
 
 def test_resolve_twice_does_not_rebuild(tmp_path: Path) -> None:
-    spec = TinyModel(cache_dir=str(tmp_path))
+    spec = TinyModel(cache_dir=str(tmp_path), **QUICK)
     first = Path(spec.resolve())
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     assert spec.resolve() == str(first)
@@ -225,7 +228,7 @@ def test_resolve_twice_does_not_rebuild(tmp_path: Path) -> None:
 
 
 def test_concurrent_builder_keeps_the_winner(tmp_path: Path) -> None:
-    spec = TinyModel(cache_dir=str(tmp_path))
+    spec = TinyModel(cache_dir=str(tmp_path), **QUICK)
     target = Path(spec.resolve())
     mtime = (target / "model.safetensors").stat().st_mtime_ns
     _build_atomically(spec, target)  # a second process finishing after the first
@@ -261,3 +264,18 @@ def test_model_yaml_instantiates(name: str) -> None:
     assert isinstance(spec, ModelSpec)
     if isinstance(spec, TinyModel):
         assert spec == TinyModel()
+
+
+def test_warmed_up_model_answers_verbosely_then_stops(tiny_dir: Path) -> None:
+    """The warm-up's purpose: answers that stop, many of them long (room for conciseness)."""
+    from evolm.task.conciseness import Conciseness
+
+    model, tok = load_causal_lm(str(tiny_dir), device="cpu", dtype=torch.float32)
+    questions = [str(e.prompt) for e in Conciseness().eval_examples()]
+    enc = tok(questions, return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=64, do_sample=False, pad_token_id=tok.pad_token_id)
+    lengths = []
+    for row in out[:, enc["input_ids"].shape[1] :].tolist():
+        assert tok.eos_token_id in row, "an answer never stops"
+        lengths.append(len(tok.decode(row[: row.index(tok.eos_token_id)])))
+    assert sum(n >= 40 for n in lengths) >= len(lengths) / 2, f"not verbose: {lengths}"

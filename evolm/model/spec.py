@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "EVOLM_CACHE_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/evolm"
 # Bump when the builder's output changes for the same spec: old cache entries are then ignored.
-TINY_BUILD_VERSION = 1
+TINY_BUILD_VERSION = 2
 MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads at the first request.
 MIN_VOCAB_SIZE = 512  # 256 byte-level symbols + 3 special tokens + room for merges.
 
@@ -83,7 +83,11 @@ class HubModel:
 
 @dataclass(frozen=True)
 class TinyModel:
-    """A tiny random-weight Qwen2-architecture model with a trained byte-level BPE tokenizer.
+    """A tiny Qwen2-architecture model with a trained byte-level BPE tokenizer.
+
+    Random weights followed by ``warmup_steps`` AdamW steps on built-in question/answer text
+    (0 keeps the pure random weights): the result answers verbosely, then stops, which gives the
+    conciseness demo something to learn.
 
     Built offline in a few seconds on first ``resolve()`` and cached under
     ``<cache_dir>/models/tiny-<hash>``; the same fields always give byte-identical files.
@@ -99,6 +103,7 @@ class TinyModel:
     vocab_size: int = 2048
     max_position_embeddings: int = 1024
     seed: int = 0
+    warmup_steps: int = 200
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -106,6 +111,12 @@ class TinyModel:
             if getattr(self, key) < 1:
                 raise ConfigError(key, f"must be positive, got {getattr(self, key)}", "set >= 1")
         self._check_heads()
+        if self.warmup_steps < 0:
+            raise ConfigError(
+                "warmup_steps",
+                f"must be >= 0, got {self.warmup_steps}",
+                "use 0 for pure random weights",
+            )
         if self.vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(
                 "vocab_size", f"{self.vocab_size} is too small", f"set >= {MIN_VOCAB_SIZE}"

@@ -1,7 +1,9 @@
 """Build a tiny Qwen2-architecture causal LM offline, deterministically, in a few seconds.
 
 Same spec -> byte-identical model.safetensors and tokenizer.json. The weights come from a forked
-RNG seeded with ``spec.seed``; the global RNG is left untouched.
+RNG seeded with ``spec.seed`` and a short warm-up (``spec.warmup_steps`` AdamW steps on built-in
+text) that turns random weights into a verbose little model that can stop; the global RNG is
+left untouched.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from tokenizers import Tokenizer
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from evolm.model.pretrain import pretrain
 from evolm.model.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
 
 if TYPE_CHECKING:
@@ -50,6 +54,19 @@ def init_model(config: Qwen2Config, seed: int) -> Qwen2ForCausalLM:
     return model.eval()
 
 
+def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyModel) -> None:
+    """The deterministic warm-up (see :mod:`evolm.model.pretrain`): one thread, forked RNG, so
+    the weights are the same on any machine and the caller's RNG and threads are untouched."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            pretrain(model, tok, end_id, spec.warmup_steps, seed=spec.seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def build_tiny_model(out_dir: str | Path, spec: TinyModel) -> Path:
     """Write config, safetensors weights, generation config and tokenizer files to ``out_dir``."""
     start = time.perf_counter()
@@ -59,6 +76,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModel) -> Path:
     endoftext, im_end = tok.token_to_id(ENDOFTEXT), tok.token_to_id(IM_END)
     config = qwen2_config(spec, bos_id=endoftext, eos_id=im_end, pad_id=endoftext)
     model = init_model(config, spec.seed)
+    warm_up(model, tok, im_end, spec)
     model.generation_config = GenerationConfig(
         bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
     )
