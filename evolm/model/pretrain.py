@@ -29,18 +29,15 @@ logger = logging.getLogger(__name__)
 
 def documents(tok: Tokenizer, end_id: int, count: int, seq_len: int, seed: int) -> torch.Tensor:
     """``count`` token rows of ``seq_len + 1`` (-100 padded): a question, then either a terse
-    answer or a verbose one (1-3 sentences), then the end token."""
+    answer or one of a few fixed verbose sentences, then the end token."""
     rng = random.Random(seed)
     lines = [line for line in build_corpus(0) if line.strip() and "\n" not in line]
     questions = [line for line in lines if line.rstrip().endswith(("?", "=", ":"))]
     terse = [w.capitalize() + "." for w in WORDS[:40]] + [f"{n}." for n in range(20)]
     rows = torch.full((count, seq_len + 1), -100, dtype=torch.long)
     for i in range(count):
-        if rng.random() < VERBOSE_SHARE:
-            answer = rng.choice(VERBOSE)
-        else:
-            answer = rng.choice(terse)
-        ids = (tok.encode(f"{rng.choice(questions)} {answer}").ids + [end_id])[: seq_len + 1]
+        answer = rng.choice(VERBOSE) if rng.random() < VERBOSE_SHARE else rng.choice(terse)
+        ids = ([*tok.encode(f"{rng.choice(questions)} {answer}").ids, end_id])[: seq_len + 1]
         rows[i, : len(ids)] = torch.tensor(ids)
     return rows
 
