@@ -18,7 +18,7 @@ log = logging.getLogger("evolm")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+@hydra.main(config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
     from evolm.app import train
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +25,40 @@ from evolm.lora import LoraLayout, LoraSpec, save_adapter, uniform_scales, weigh
 log = logging.getLogger(__name__)
 
 
-def build(group: str, node: Any, **kwargs: Any) -> Any:
-    """Instantiate one config node (or call a partial); ConfigErrors come out as ``group.key``."""
-    try:
-        if callable(node):
-            return node(**kwargs)
-        return hydra.utils.instantiate(node, **kwargs)
-    except ConfigError as e:
-        raise e.in_group(group) from None
-    except hydra.errors.InstantiationException as e:
+@dataclass(frozen=True)
+class Builder:
+    """Instantiates config nodes whose ``_target_`` matches ``trusted`` (Hydra's execution
+    whitelist); a ConfigError from a constructor comes out as ``group.key``."""
+
+    trusted: tuple[str, ...]
+
+    def __call__(self, group: str, node: Any, **kwargs: Any) -> Any:
+        try:
+            if callable(node):  # a partial from `_partial_: true`, completed here
+                return node(**kwargs)
+            return hydra.utils.instantiate(node, _execution_whitelist_=list(self.trusted), **kwargs)
+        except ConfigError as e:
+            raise e.in_group(group) from None
+        except hydra.errors.InstantiationException as e:
+            raise self._explain(group, node, e) from None
+
+    def _explain(self, group: str, node: Any, e: Exception) -> Exception:
         cause = e.__cause__
         if isinstance(cause, ConfigError):
-            raise cause.in_group(group) from None
-        raise
+            return cause.in_group(group)
+        if isinstance(cause, TypeError) and "argument" in str(cause):
+            return ConfigError(
+                group,
+                str(cause),
+                f"check {group}'s keys: `python -m evolm --cfg job --package {group}` shows them",
+            )
+        if "execution whitelist" in str(e):
+            return ConfigError(
+                f"{group}._target_",
+                f"{node.get('_target_')!r} is not trusted",
+                "add its package to trusted_targets, e.g. 'trusted_targets=[evolm.*,mypkg.*]'",
+            )
+        return e
 
 
 def check_run_keys(cfg: DictConfig) -> None:
@@ -65,6 +87,7 @@ def noise_scales(spec: LoraSpec, model_path: str, layout: LoraLayout) -> list[fl
 def train(cfg: DictConfig) -> float:
     """Run one ES fine-tuning job described by ``cfg``; returns ``cfg.optimized_metric``."""
     check_run_keys(cfg)
+    build = Builder(tuple(cfg.trusted_targets))
     task = build("task", cfg.task)
     model_spec = build("model", cfg.model)
     lora_spec: LoraSpec = build("lora", cfg.lora)

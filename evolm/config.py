@@ -20,6 +20,8 @@ from evolm.lora.spec import LoraSpec
 from evolm.model import HubModel, TinyModel
 from evolm.server.local import LocalEngine
 from evolm.task.conciseness import Conciseness
+from evolm.task.countdown import Countdown
+from evolm.task.scorer import Scorer
 
 
 def schema(target: type, **kwargs: Any) -> Any:
@@ -28,6 +30,8 @@ def schema(target: type, **kwargs: Any) -> Any:
 
 SCHEMAS: dict[tuple[str, str], Any] = {
     ("task", "schema_conciseness"): schema(Conciseness),
+    ("task", "schema_countdown"): schema(Countdown),
+    ("task", "schema_scorer"): schema(Scorer),
     ("model", "schema_tiny"): schema(TinyModel),
     ("model", "schema_hub"): schema(HubModel),
     ("lora", "schema_lora"): schema(LoraSpec),
@@ -56,6 +60,7 @@ class Config:
     output_dir: str = MISSING
     optimized_metric: str = "eval/reward_mean"
     tags: list[str] = field(default_factory=list)
+    trusted_targets: list[str] = field(default_factory=lambda: ["evolm.*"])
 
 
 def register() -> None:

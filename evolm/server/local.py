@@ -23,7 +23,6 @@ from evolm.task.base import Sampling
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-LOADS = 0  # models loaded by LocalEngine in this process (tests assert sweeps load once)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -49,6 +48,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 class LocalEngine:
     """In-process batched multi-LoRA generation.
 
+    ``LocalEngine.loads`` counts the models loaded in this process (a sweep should load one).
+
     Args:
         model_path: a local model directory or hub id (completed by the composition root).
         layout: where the adapters go (completed by the composition root).
@@ -60,6 +61,8 @@ class LocalEngine:
             machine run faster, and steadier, on 1.
     """
 
+    loads = 0
+
     def __init__(
         self,
         model_path: str,
@@ -69,7 +72,6 @@ class LocalEngine:
         max_batch_rows: int | None = None,
         threads: int | None = None,
     ) -> None:
-        global LOADS
         if max_batch_rows is not None and max_batch_rows < 1:
             raise ConfigError(
                 "max_batch_rows",
@@ -88,7 +90,7 @@ class LocalEngine:
         self.model, self.tokenizer = load_causal_lm(
             model_path, device=str(self.device), dtype=self.dtype
         )
-        LOADS += 1
+        LocalEngine.loads += 1
         self.layers = attach(self.model, layout)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])

@@ -1,0 +1,43 @@
+"""Helpers shared by tests: compose the real config, run the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+import evolm.config  # noqa: F401  (registers the schemas)
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = str(REPO / "conf")
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    with initialize_config_dir(config_dir=CONF):
+        return compose("config", overrides=list(overrides))
+
+
+def run_cli(
+    args: Sequence[str], timeout: float = 300, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m evolm ARGS`` in a subprocess (offline, tqdm off)."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "evolm", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=full_env,
+    )
+
+
+def read_results(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]

@@ -1,0 +1,94 @@
+"""The Hydra config: every option composes and builds; bad input fails early and clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from evolm.app import Builder, train
+from evolm.errors import ConfigError
+from evolm.server.local import LocalEngine
+from tests.helpers import REPO, compose_config, run_cli
+
+GROUPS = ["task", "model", "lora", "es", "server", "callbacks", "logger"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes_and_builds(group: str, option: str, tmp_path: Path) -> None:
+    """Instantiating is cheap for every option: nothing loads a model or contacts a server."""
+    cfg = compose_config([f"{group}={option}", f"output_dir={tmp_path}"])
+    build = Builder(tuple(cfg.trusted_targets))
+    node = cfg[group]
+    if group in ("callbacks", "logger"):
+        objs = [build(group, c) for c in node.values()]
+        assert all(o is not None for o in objs)
+    else:
+        assert build(group, node) is not None
+
+
+def test_overlays_compose(tmp_path: Path) -> None:
+    for overlay in ["debug=fast", *(f"experiment={o}" for o in options("experiment"))]:
+        compose_config([overlay, f"output_dir={tmp_path}"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["es.sigmaa=0.1", "es.sigma=abc", "lora.rank=two", "generations=many", "nonsense=1"],
+)
+def test_unknown_keys_and_wrong_types_fail_at_compose(override: str) -> None:
+    with pytest.raises(ConfigCompositionException):
+        compose_config([override])
+
+
+BAD = [
+    ("es.sigma=0", "es.sigma"),
+    ("es.sigma=-0.1", "es.sigma"),
+    ("es.antithetic=true es.population_size=15", "es.population_size"),
+    ("lora.rank=0", "lora.rank"),
+    ("lora.target_modules=[q_proj,qkv_proj]", "lora.target_modules"),
+    ("task.train_file=/no/such/file.jsonl", "task.train_file"),
+    ("task.max_new_tokens=0", "task.max_new_tokens"),
+    ("generations=0", "generations"),
+    ("server.dtype=fp8", "server.dtype"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), BAD)
+def test_bad_input_fails_before_the_model_loads(overrides: str, key: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cfg = compose_config(
+        [*overrides.split(), f"output_dir={tmp_path}/run", f"model.cache_dir={cache}"]
+    )
+    loads = LocalEngine.loads
+    with pytest.raises(ConfigError) as err:
+        train(cfg)
+    assert str(err.value).startswith(f"{key}: ") and "Fix: " in str(err.value)
+    assert LocalEngine.loads == loads
+    if not key.startswith("server."):  # engine keys are checked once the model path is known
+        assert not cache.exists(), "the tiny model was built before the config was checked"
+
+
+def test_untrusted_target_names_trusted_targets(tmp_path: Path) -> None:
+    cfg = compose_config([f"output_dir={tmp_path}", "+callbacks.evil._target_=os.system"])
+    with pytest.raises(ConfigError, match=r"callbacks._target_: 'os.system' is not trusted"):
+        train(cfg)
+
+
+def test_cli_reports_one_clear_message(tmp_path: Path) -> None:
+    proc = run_cli(["es.sigma=-1", f"hydra.run.dir={tmp_path}"], timeout=120)
+    assert proc.returncode == 2
+    out = proc.stdout + proc.stderr
+    assert "bad configuration: es.sigma: must be > 0" in out and "Fix:" in out
+    assert "Traceback" not in out
+
+
+def test_cli_unknown_key_names_it(tmp_path: Path) -> None:
+    proc = run_cli(["es.sigmaa=1", f"hydra.run.dir={tmp_path}"], timeout=120)
+    assert proc.returncode != 0
+    assert "Could not override 'es.sigmaa'" in proc.stderr

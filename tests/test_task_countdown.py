@@ -1,0 +1,164 @@
+"""The Countdown task: splits, cycling training windows, prompts, scoring, config errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from evolm.errors import ConfigError
+from evolm.task import Task
+from evolm.task.countdown import ASSISTANT_PREFIX, SYSTEM_PROMPT, Countdown, cycling_window
+from evolm.task.countdown_data import generate_puzzles
+from evolm.task.countdown_reward import paper_prompt
+
+PAPER_FILE = Path(__file__).resolve().parents[1].parent / "shared/data/countdown/countdown.json"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def small(**kwargs: object) -> Countdown:
+    args: dict = {"train_size": 5, "generate_count": 12, "samples_per_generation": 2}
+    return Countdown(**{**args, **kwargs})
+
+
+def key(example: object) -> tuple:
+    ref = example.reference  # type: ignore[attr-defined]
+    return tuple(ref["numbers"]), ref["target"]
+
+
+def test_is_a_task_with_paper_decoding() -> None:
+    task = Countdown()
+    assert isinstance(task, Task)
+    assert task.sampling.max_new_tokens == 1024 and task.sampling.temperature == 0.0
+    assert len(task.train) == 200 and len(task.eval_examples()) == 32
+
+
+def test_cycling_windows_wrap_around() -> None:
+    assert [cycling_window("abcde", g, 2) for g in (1, 2, 3, 4, 5, 6)] == [
+        ["a", "b"],
+        ["c", "d"],
+        ["e", "a"],
+        ["b", "c"],
+        ["d", "e"],
+        ["a", "b"],
+    ]
+    assert cycling_window("abc", 1, 3) == ["a", "b", "c"] == cycling_window("abc", 2, 3)
+    with pytest.raises(ValueError):
+        cycling_window("abc", 0, 1)
+
+
+def test_train_windows_cycle_through_training_split() -> None:
+    task = small()
+    train = [key(e) for e in task.train]
+    windows = [[key(e) for e in task.train_examples(g)] for g in range(1, 7)]
+    assert windows[0] == train[0:2] and windows[1] == train[2:4]
+    assert windows[2] == [train[4], train[0]]  # wraps around
+    assert windows[5] == windows[0]  # period: 5 windows of 2 over 5 items
+    assert task.train_examples(3) == task.train_examples(3)  # deterministic
+
+
+def test_generated_split_is_deterministic() -> None:
+    records = generate_puzzles(12, 0)
+    task = small()
+    assert [key(e) for e in task.train] == [(tuple(r["numbers"]), r["target"]) for r in records[:5]]
+    assert [key(e) for e in task.eval_examples()] == [
+        (tuple(r["numbers"]), r["target"]) for r in records[5:]
+    ]
+    assert [key(e) for e in small(seed=1).train] != [key(e) for e in task.train]
+
+
+def test_eval_samples() -> None:
+    assert len(small(eval_samples=3).eval_examples()) == 3
+    assert len(small(eval_samples=None).eval_examples()) == 7  # all
+    assert len(small(eval_samples=100).eval_examples()) == 7  # clamped
+    assert small(eval_samples=3).eval_examples() == small().eval_examples()[:3]
+
+
+def test_verbatim_paper_prompt() -> None:
+    example = small().train[0]
+    ref = example.reference
+    assert example.prompt == paper_prompt(ref["numbers"], ref["target"])
+    assert isinstance(example.prompt, str) and example.prompt.endswith("step.\n<think>")
+    assert example.assistant_prefix == ""
+
+
+def test_chat_variant() -> None:
+    plain, chat = small().train[0], small(chat_template=True).train[0]
+    system, user = chat.prompt  # type: ignore[misc]
+    assert system == {"role": "system", "content": SYSTEM_PROMPT}
+    assert system["content"] == (
+        "You are a helpful assistant. You first think about the reasoning process in your mind "
+        "and then provide the user with the answer."
+    )
+    assert user["role"] == "user" and user["content"].startswith("Using the numbers [")
+    assert user["content"].endswith("<answer> (1 + 2) / 3 </answer>.")
+    assert chat.assistant_prefix == ASSISTANT_PREFIX == "Let me solve this step by step.\n<think>"
+    assert SYSTEM_PROMPT + user["content"] + ASSISTANT_PREFIX == plain.prompt
+
+
+def test_score_keys_and_values() -> None:
+    task = small()
+    ex = task.train[0]
+    solution = generate_puzzles(12, 0)[0]["solution"]
+    completions = [
+        f" reasoning </think>\n<answer>{solution}</answer>",  # right answer, full format
+        " nothing useful",
+        " x</think> <answer>1 + 1</answer>",  # think + answer blocks, wrong answer
+    ]
+    scores = task.score([ex] * 3, completions)
+    assert set(scores) == {"reward", "format_reward", "answer_reward", "accuracy"}
+    assert scores["reward"] == [1.1, 0.0, 0.06]
+    assert scores["accuracy"] == [1.0, 0.0, 0.0]
+    assert scores["format_reward"] == [1.0, 0.0, 0.6]
+
+
+@pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
+def test_paper_data_file() -> None:
+    task = Countdown(data_file=str(PAPER_FILE), eval_samples=None)
+    assert len(task.train) == 200 and len(task.eval_examples()) == 2000
+    first = json.loads(PAPER_FILE.read_text())[0]
+    assert task.train[0].prompt == first["context"]
+    assert task.train[0].reference == {"numbers": first["numbers"], "target": first["target"]}
+    assert len(Countdown(data_file=str(PAPER_FILE)).eval_examples()) == 32
+
+
+def test_missing_data_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        Countdown(data_file=str(tmp_path / "nope.json"))
+    assert e.value.key == "data_file" and "does not exist" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad_key"),
+    [
+        ({"train_size": 12}, "train_size"),  # leaves no test split
+        ({"train_size": 0}, "train_size"),
+        ({"samples_per_generation": 0}, "samples_per_generation"),
+        ({"samples_per_generation": 6}, "samples_per_generation"),
+        ({"eval_samples": 0}, "eval_samples"),
+        ({"generate_count": 0}, "generate_count"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
+def test_bad_config(kwargs: dict, bad_key: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        small(**kwargs)
+    assert e.value.key == bad_key
+
+
+def test_yaml_composes_and_instantiates() -> None:
+    import evolm.config  # noqa: F401  (registers the schemas)
+
+    assert OmegaConf.load(CONF_DIR / "task" / "countdown.yaml").defaults == [
+        "schema_countdown",
+        "_self_",
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR)):
+        cfg = compose("config", overrides=["task=countdown", "task.eval_samples=null"])
+    task = instantiate(cfg.task, _execution_whitelist_=["evolm.*"])
+    assert isinstance(task, Countdown) and len(task.train) == 200
+    assert len(task.eval_examples()) == 200 and task.sampling.max_new_tokens == 1024

@@ -1,0 +1,117 @@
+"""End to end: ES runs of ``task=countdown`` and ``task=scorer`` through the real CLI on the
+tiny model (subprocesses; the scorer run talks to a real scorer server subprocess)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "tasks.md"
+SMALL_RUN = [
+    "generations=2",
+    "eval_every=1",
+    "es.population_size=4",
+    "task.max_new_tokens=16",
+    "task.samples_per_generation=2",
+]
+
+
+def run_cli(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> list[dict[str, Any]]:
+    """``python -m evolm OVERRIDES`` into ``tmp_path``; returns the records of results.jsonl."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "evolm", *overrides, f"output_dir={out}", f"hydra.run.dir={out}"]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = (out / "results.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture
+def scorer_url(tmp_path: Path) -> Iterator[str]:
+    """A scorer server subprocess (built-in length rule) on a free port; stopped afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "scorer.log", "w") as log:
+        cmd = [sys.executable, "-m", "evolm.task.scorer_server", "--port", str(port)]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(200):  # ~10 s at most
+                assert proc.poll() is None, (tmp_path / "scorer.log").read_text()
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_countdown_run(tmp_path: Path, tiny_model_dir: str) -> None:
+    records = run_cli(tmp_path, "task=countdown", *SMALL_RUN, "task.eval_samples=4")
+    assert [r["generation"] for r in records] == [0, 1, 2]
+    for key in ("reward", "format_reward", "answer_reward", "accuracy"):
+        assert f"eval/{key}_mean" in records[0]
+        assert all(f"train/{key}_mean" in r and f"eval/{key}_mean" in r for r in records[1:])
+    assert 0.0 <= records[-1]["train/accuracy_mean"] <= 1.0
+
+
+def test_scorer_run(tmp_path: Path, tiny_model_dir: str, scorer_url: str) -> None:
+    records = run_cli(
+        tmp_path,
+        "task=scorer",
+        f"task.url={scorer_url}",
+        "task.lambda_adapt=true",
+        "task.lambda_lr=0.5",
+        *SMALL_RUN,
+    )
+    assert [r["generation"] for r in records] == [0, 1, 2]
+    train = records[1:]
+    for key in ("reward", "scorer_reward", "cost"):
+        assert all(f"train/{key}_mean" in r and f"eval/{key}_mean" in r for r in train)
+    lambdas = [r["train/lambda"] for r in train]
+    costs = [r["train/cost_mean"] for r in train]
+    expected = 1.0
+    for cost, lam in zip(costs, lambdas, strict=True):  # ln(lambda) += 0.5 * (cost - 0)
+        expected = min(expected * math.exp(0.5 * cost), 5.0)
+        assert lam == pytest.approx(expected, rel=1e-6)
+
+
+def test_own_task_from_docs(tmp_path: Path, tiny_model_dir: str) -> None:
+    """The "Write your own task" example of docs/tasks.md, run exactly as the docs say."""
+    section = DOCS.read_text().split("## Write your own task", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    yaml = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert code and yaml and len(code.group(1).splitlines()) < 20
+    (tmp_path / "my_tasks.py").write_text(code.group(1))
+    (tmp_path / "conf" / "task").mkdir(parents=True)
+    (tmp_path / "conf" / "task" / "shout.yaml").write_text(yaml.group(1))
+    command = re.search(r"```bash\n(python -m evolm .*?)```", section, re.DOTALL)
+    assert command
+    documented = shlex.split(command.group(1).replace("\\\n", " "))[3:]
+    assert documented[:4] == [
+        "--config-dir",
+        "conf",
+        "task=shout",
+        "trusted_targets=[evolm.*,my_tasks.*]",
+    ]
+    overrides = [*documented, "generations=1", "es.population_size=4"]
+    records = run_cli(tmp_path, *overrides, cwd=tmp_path)
+    assert [r["generation"] for r in records] == [0, 1]
+    assert 0.0 <= records[-1]["train/reward_mean"] <= 1.0
