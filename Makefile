@@ -41,3 +41,16 @@ format: install ## Format the code with ruff
 
 clean: ## Remove outputs/ (runs, caches) and the virtual environment
 	rm -rf outputs $(VENV)
+
+.PHONY: mlflow-ui
+mlflow-ui: install ## Browse and compare runs: MLflow UI on http://127.0.0.1:5000 (outputs/mlflow.db)
+	mkdir -p outputs
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+
+.PHONY: bench
+bench: install ## Time one population evaluation (CPU: tiny; GPU: 0.5B + 7B shapes). BENCH_ARGS=...
+	$(PY) -m evolm.bench $(BENCH_ARGS)
+
+.PHONY: sweep
+sweep: install ## Optuna sweep of sigma, alpha, init_scale, rank; again = more trials. SWEEP_ARGS=...
+	$(PY) -m evolm -m hparams_search=es_optuna $(SWEEP_ARGS)

@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
+from evolm import sweep  # noqa: F401  (registers the sweep's ${evolm_sweep_seed:...} resolver)
 from evolm.errors import ConfigError
 
 log = logging.getLogger("evolm")
@@ -21,11 +22,14 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 @hydra.main(config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float:
     from evolm.app import train
+    from evolm.server.pool import in_multirun
 
     try:
         return train(cfg)
     except ConfigError as e:
         log.error("bad configuration: %s", e)
+        if in_multirun():
+            raise  # a sweep records the trial as failed and goes on (SystemExit would end it)
         raise SystemExit(2) from None
 
 

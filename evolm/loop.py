@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -27,26 +27,58 @@ log = logging.getLogger(__name__)
 Record = dict[str, Any]
 
 
+@runtime_checkable
+class Stateful(Protocol):
+    """A task or callback whose state a checkpoint carries (builtins and tensors only)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class RunContext:
-    """What callbacks may know about the run."""
+    """What callbacks may know about the run.
+
+    ``history`` holds the records of the generations done before this start (a resumed run's,
+    from its checkpoint; empty for a fresh run). ``stateful`` names the task and callbacks whose
+    ``state_dict()`` a checkpoint carries (``"task"``, ``"callbacks.<name>"``, ``"logger.<name>"``).
+    """
 
     output_dir: Path
     generations: int
     layout: LoraLayout
     base_model: str
     config: dict[str, Any] = field(default_factory=dict)
+    history: list[Record] = field(default_factory=list)
+    stateful: dict[str, Stateful] = field(default_factory=dict)
 
 
 class Callback:
     """Hooks called by :class:`ESLoop`; override what you need. ``record`` is one JSON line:
-    ``generation`` plus namespaced metrics (``train/``, ``eval/``, ``es/``, ``time/``)."""
+    ``generation`` plus namespaced metrics (``train/``, ``eval/``, ``es/``, ``time/``).
+
+    A resumed run calls ``on_run_start`` with the checkpoint's state and ``ctx.history``; the
+    records of those generations are not emitted again. ``on_run_error`` is called instead of
+    the rest when the run raises (including KeyboardInterrupt), before the error propagates.
+    """
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None: ...
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None: ...
 
     def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None: ...
+
+    def on_run_error(self, ctx: RunContext, error: BaseException) -> None: ...
+
+
+def latest_eval(history: Sequence[Record]) -> Record:
+    """The eval metrics (``eval/*``, ``time/eval_s``) of the last record that has them."""
+    for record in reversed(history):
+        found = {k: v for k, v in record.items() if k.startswith("eval/") or k == "time/eval_s"}
+        if found:
+            return found
+    return {}
 
 
 def percentile(x: torch.Tensor, q: float) -> float:
@@ -101,16 +133,31 @@ class ESLoop:
             "es/update_norm": stats["update_norm"],
             "time/generate_s": ev.generate_s,
             "time/score_s": ev.score_s,
+            # the engine's own phases (prefill/decode; adapter write/load/generate/unload on servers)
+            **{f"time/engine_{k}": v for k, v in getattr(self.engine, "last_timings", {}).items()},
             "time/es_s": (sampled - start) + (time.perf_counter() - told),
         }
         record["time/generation_s"] = time.perf_counter() - start
         return state, record
 
     def run(self, state: ESState, ctx: RunContext) -> tuple[ESState, Record]:
-        """Run to ``self.generations``; returns the final state and the summary (last eval)."""
+        """Run from ``state.generation`` to ``self.generations``; returns the final state and
+        the summary (the last eval). A resumed run (``state.generation > 0``, records so far in
+        ``ctx.history``) does not evaluate the start again."""
         for cb in self.callbacks:
             cb.on_run_start(ctx, state)
-        last_eval: Record = {}
+        try:
+            state, summary = self._generations(state, ctx)
+            for cb in self.callbacks:
+                cb.on_run_end(ctx, summary, state)
+        except BaseException as error:
+            for cb in self.callbacks:
+                cb.on_run_error(ctx, error)
+            raise
+        return state, summary
+
+    def _generations(self, state: ESState, ctx: RunContext) -> tuple[ESState, Record]:
+        last_eval = latest_eval(ctx.history)
         if state.generation == 0:
             last_eval = self.evaluate_mean(state)
             self._emit(ctx, {"generation": 0, **last_eval}, state)
@@ -121,10 +168,7 @@ class ESLoop:
                 last_eval = self.evaluate_mean(state)
                 record.update(last_eval)
             self._emit(ctx, record, state)
-        summary = {"generation": state.generation, **last_eval}
-        for cb in self.callbacks:
-            cb.on_run_end(ctx, summary, state)
-        return state, summary
+        return state, {"generation": state.generation, **last_eval}
 
     def _emit(self, ctx: RunContext, record: Record, state: ESState) -> None:
         for cb in self.callbacks:

@@ -116,22 +116,45 @@ def test_mix_seed_is_deterministic_63_bit_and_order_sensitive() -> None:
 
 
 def test_member_noise_is_reproducible_across_calls_and_generators() -> None:
-    fresh = member_noise(5, 2, (7, 9), device="cpu")
+    fresh = member_noise(5, TINY_SHAPES, device="cpu")
     shared = torch.Generator()
-    again = member_noise(5, 2, (7, 9), device="cpu", generator=shared)
-    member_noise(6, 0, (1000,), device="cpu", generator=shared)  # reuse must not leak state
-    third = member_noise(5, 2, (7, 9), device="cpu", generator=shared)
-    assert fresh.dtype == torch.float32 and fresh.shape == (7, 9)
-    assert torch.equal(fresh, again) and torch.equal(fresh, third)
-    assert not torch.equal(fresh, member_noise(6, 2, (7, 9), device="cpu"))
+    again = member_noise(5, TINY_SHAPES, device="cpu", generator=shared)
+    member_noise(6, [(1000,)], device="cpu", generator=shared)  # reuse must not leak state
+    third = member_noise(5, TINY_SHAPES, device="cpu", generator=shared)
+    assert [x.shape for x in fresh] == TINY_SHAPES
+    assert all(x.dtype == torch.float32 for x in fresh)
+    assert all(map(torch.equal, fresh, again)) and all(map(torch.equal, fresh, third))
+    other = member_noise(6, TINY_SHAPES, device="cpu")
+    assert not any(map(torch.equal, fresh, other))
 
 
-@pytest.mark.parametrize(("a", "b"), [((0, 0), (0, 1)), ((0, 0), (1, 0)), ((3, 1), (3, 2))])
-def test_noise_is_standard_normal_and_uncorrelated(a: tuple[int, int], b: tuple[int, int]) -> None:
-    x = member_noise(*a, (200_000,), device="cpu")
-    y = member_noise(*b, (200_000,), device="cpu")
-    assert abs(x.mean().item()) < 0.01 and abs(x.std().item() - 1) < 0.01
-    assert abs(torch.corrcoef(torch.stack([x, y]))[0, 1].item()) < 0.05
+def test_member_noise_is_one_flat_stream_split_in_order() -> None:
+    shapes = [(2, 3), (4,), (1, 5)]
+    parts = member_noise(9, shapes, device="cpu")
+    flat = torch.empty(15).normal_(generator=torch.Generator().manual_seed(mix_seed(9)))
+    assert torch.equal(torch.cat([p.flatten() for p in parts]), flat)
+    assert parts[0].untyped_storage().data_ptr() == parts[2].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize(("seed_a", "seed_b"), [(0, 0), (0, 1), (3, 4)])
+def test_noise_is_standard_normal_and_uncorrelated(seed_a: int, seed_b: int) -> None:
+    """Across the tensor segments of one member and across members: |corr| < 0.05."""
+    shapes = [(200_000,), (400, 500), (200_000,)]
+    a = [x.flatten() for x in member_noise(seed_a, shapes, device="cpu")]
+    b = [x.flatten() for x in member_noise(seed_b, shapes, device="cpu")]
+    for x in a:
+        assert abs(x.mean().item()) < 0.01 and abs(x.std().item() - 1) < 0.01
+    pairs = [(a[0], a[1]), (a[0], a[2]), (a[1], a[2])]  # same member, different tensors
+    if seed_a != seed_b:
+        pairs += [(a[t], b[t]) for t in range(3)]  # same tensor, different members
+    for x, y in pairs:
+        assert abs(torch.corrcoef(torch.stack([x, y]))[0, 1].item()) < 0.05
+
+
+def test_equal_shapes_get_different_noise() -> None:
+    """The paper's bug (one seed reused per tensor) gives same-shaped tensors equal noise."""
+    a, b = member_noise(1, [(64, 64), (64, 64)], device="cpu")
+    assert not torch.equal(a, b)
 
 
 @pytest.mark.parametrize("antithetic", [False, True])
@@ -144,7 +167,7 @@ def test_sample_matches_member_and_noise_formula(antithetic: bool) -> None:
     for i in range(len(pop)):
         for t, x in enumerate(es.member(state, pop, i)):
             assert torch.equal(x, stacked[t][i])  # bit-identical, not just close
-            eps = member_noise(pop.seeds[i], t, TINY_SHAPES[t], device="cpu")
+            eps = member_noise(pop.seeds[i], TINY_SHAPES, device="cpu")[t]
             want = state.mean[t] + 0.1 * state.scales[t] * pop.signs[i] * eps
             torch.testing.assert_close(x, want)
     assert all(x.dtype == torch.bfloat16 for x in es.sample(state, pop, dtype=torch.bfloat16))
@@ -175,6 +198,34 @@ def test_nothing_of_the_noise_is_stored(optimizer: str) -> None:
     copies = 1 if optimizer == "sgd" else 3  # mean, plus Adam's m and v
     mean_numel = sum(m.numel() for m in state.mean)
     assert sum(t.numel() for t in _tensors(state)) == copies * mean_numel
+
+
+class _CountingGenerator(torch.Generator):
+    seedings = 0
+
+    def manual_seed(self, seed: int) -> torch.Generator:
+        type(self).seedings += 1
+        return super().manual_seed(seed)
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_one_generator_seeding_per_unique_seed(
+    antithetic: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """400 tensors: sample and tell each seed a generator once per distinct seed, not per tensor."""
+    es = ES(population_size=6, sigma=0.1, antithetic=antithetic)
+    state = es.init([torch.zeros(3, 2) for _ in range(400)], seed=5)
+    pop = es.ask(state)
+    unique = len(set(pop.seeds))
+    assert unique == (3 if antithetic else 6)
+    monkeypatch.setattr(torch, "Generator", _CountingGenerator)
+    monkeypatch.setattr(_CountingGenerator, "seedings", 0)
+    members = es.sample(state, pop)
+    assert _CountingGenerator.seedings == unique
+    monkeypatch.setattr(_CountingGenerator, "seedings", 0)
+    es.tell(state, pop, torch.arange(6.0))
+    assert _CountingGenerator.seedings == unique
+    assert len(members) == 400 and members[399].shape == (6, 3, 2)
 
 
 # --- ask ------------------------------------------------------------------------------------
@@ -228,7 +279,8 @@ def test_zscore_all_nan_gives_zeros() -> None:
 
 def _expected_direction(state: ESState, pop: Population, weights: list[float], t: int) -> Tensor:
     """sum_i w_i s_i eps_i for tensor t, with eps regenerated by member_noise."""
-    eps = [member_noise(s, t, state.mean[t].shape, device="cpu") for s in pop.seeds]
+    shapes = [m.shape for m in state.mean]
+    eps = [member_noise(s, shapes, device="cpu")[t] for s in pop.seeds]
     return sum(w * s * e for w, s, e in zip(weights, pop.signs, eps, strict=True))
 
 

@@ -1,15 +1,25 @@
 """Seed -> noise: every member's perturbation is rebuilt from integers, never stored.
 
-The noise of tensor ``index`` for the member with ``seed`` comes from a generator seeded with
-``mix_seed(seed, index)``, so each tensor of a member gets independent noise (the reference code
-reused one seed for every tensor, which correlates the noise across tensors).
+Definition: the noise of the member with ``seed`` is ONE standard normal fp32 vector
+``randn(total)`` drawn by a generator seeded with ``mix_seed(seed)``, where ``total`` is the
+number of elements of all ES tensors together. Tensor ``t`` gets the ``t``-th contiguous segment
+of that vector (offsets: the cumulative ``numel`` of the tensors before it, in order), viewed to
+its shape.
 
-Noise depends on the device type that draws it (CPU uses Mersenne Twister, CUDA uses Philox):
-the same ``(seed, index)`` gives the same tensor on the same kind of device only.
+Why tensors are independent: the segments are disjoint stretches of one pseudo-random stream
+(Mersenne Twister on CPU, Philox on CUDA), so no draw is reused and the tensors of a member get
+independent noise. (The reference code reseeded the generator with the same seed for every
+tensor, so all tensors of a member started from the same draws: identical, not independent,
+noise.) Drawing a member in one call costs one generator seeding per member instead of one per
+(member, tensor).
+
+Noise depends on the device type that draws it and on the tensor shapes (their total size): the
+same ``(seed, shapes)`` gives the same noise on the same kind of device only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +28,8 @@ from torch import Tensor
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _DOMAIN = 0x65766F6C6D5F6573  # "evolm_es": separates these seeds from plain splitmix64
+
+Shape = Sequence[int] | torch.Size
 
 
 def _splitmix64(x: int) -> int:
@@ -42,31 +54,44 @@ def mix_seed(*ints: int) -> int:
 
 
 def new_generator(device: torch.device | str) -> torch.Generator:
-    """A fresh generator for ``device``, meant to be reseeded by :func:`fill_noise`."""
+    """A fresh generator for ``device``, meant to be reseeded by :func:`fill_member_noise`."""
     return torch.Generator(device=torch.device(device))
 
 
-def fill_noise(out: Tensor, seed: int, index: int, generator: torch.Generator) -> Tensor:
-    """Fill ``out`` in place with the standard normal noise of tensor ``index`` of ``seed``.
+def fill_member_noise(out_flat: Tensor, seed: int, generator: torch.Generator) -> Tensor:
+    """Fill the 1-D contiguous fp32 ``out_flat`` (``total`` elements) with ``seed``'s noise.
 
-    ``generator`` must live on ``out``'s device; it is reseeded, so any reusable one will do.
+    ``generator`` must live on ``out_flat``'s device; it is reseeded, so any reusable one will do.
     """
-    generator.manual_seed(mix_seed(seed, index))
-    return out.normal_(generator=generator)
+    generator.manual_seed(mix_seed(seed))
+    return out_flat.normal_(generator=generator)
+
+
+def split_noise(flat: Tensor, shapes: Sequence[Shape]) -> list[Tensor]:
+    """Views of the last dimension of ``flat``, segment ``t`` viewed to ``shapes[t]``.
+
+    ``flat`` is ``[total]`` (one member) or ``[K, total]`` (K members, giving ``[K, *shape]``).
+    """
+    sizes = [math.prod(s) for s in shapes]
+    lead = flat.shape[:-1]
+    segments = flat.split(sizes, dim=-1)
+    return [x.view(*lead, *s) for x, s in zip(segments, shapes, strict=True)]
 
 
 def member_noise(
     seed: int,
-    index: int,
-    shape: Sequence[int] | torch.Size,
+    shapes: Sequence[Shape],
     *,
     device: torch.device | str,
     generator: torch.Generator | None = None,
-) -> Tensor:
-    """Standard normal fp32 noise for tensor ``index`` of the member with ``seed``.
+) -> list[Tensor]:
+    """Standard normal fp32 noise of the member with ``seed``, one tensor per shape.
 
-    The same ``(seed, index, shape, device)`` always gives the same tensor; pass ``generator``
-    (on ``device``) to reuse one generator across calls instead of creating one per call.
+    The tensors are views into one flat vector of ``sum(numel)`` elements. The same
+    ``(seed, shapes, device type)`` always gives the same noise; pass ``generator`` (on
+    ``device``) to reuse one generator across calls instead of creating one per call.
     """
-    out = torch.empty(tuple(shape), dtype=torch.float32, device=device)
-    return fill_noise(out, seed, index, generator or new_generator(device))
+    total = sum(math.prod(s) for s in shapes)
+    flat = torch.empty(total, dtype=torch.float32, device=device)
+    fill_member_noise(flat, seed, generator or new_generator(device))
+    return split_noise(flat, shapes)

@@ -1,8 +1,15 @@
 """``server=local``: the embedded engine. One in-process model evaluates a whole population.
 
-Every member's rows go into ONE batched generation (rows grouped by member); each target
-projection adds its member's ``B_m A_m x`` through :class:`MultiLoraLinear`. CPU runs fp32,
-CUDA bf16 by default.
+Every member's rows go into ONE batched generation (rows grouped by member). Two paths compute
+the same function:
+
+- the fast path (default where the architecture is supported: Qwen2 / Llama):
+  :mod:`evolm.server.fastpath` (fused projections, grouped LoRA, static KV cache) driven by
+  :mod:`evolm.server.fastgen` (chunked prefill, CUDA-graph decode steps on GPUs);
+- the HF path: the transformers model with every target projection wrapped in
+  :class:`MultiLoraLinear`, decoded by :func:`generate_tokens`.
+
+CPU runs fp32, CUDA bf16 by default.
 """
 
 from __future__ import annotations
@@ -10,12 +17,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.model import load_causal_lm
+from evolm.server.fastgen import FastGenerator
+from evolm.server.fastlora import FastLora
+from evolm.server.fastpath import FastModel
+from evolm.server.fastweights import unsupported_reason
 from evolm.server.generation import generate_tokens, strip_after_eos
 from evolm.server.multilora import attach, load_population
 from evolm.task.base import Sampling
@@ -59,6 +74,8 @@ class LocalEngine:
             rows (``None``: everything in one batch).
         threads: CPU threads for torch (``None``: torch's default). Small models on a busy
             machine run faster, and steadier, on 1.
+        fast: use the fast path (``None``: where the architecture supports it; ``True``: raise
+            if it does not; ``False``: the HF path).
     """
 
     loads = 0
@@ -71,6 +88,7 @@ class LocalEngine:
         dtype: str = "auto",
         max_batch_rows: int | None = None,
         threads: int | None = None,
+        fast: bool | None = None,
     ) -> None:
         if max_batch_rows is not None and max_batch_rows < 1:
             raise ConfigError(
@@ -84,27 +102,71 @@ class LocalEngine:
             torch.set_num_threads(threads)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.layout = layout
-        self.max_batch_rows = max_batch_rows
         start = time.perf_counter()
-        self.model, self.tokenizer = load_causal_lm(
-            model_path, device=str(self.device), dtype=self.dtype
-        )
+        model, tokenizer = load_causal_lm(model_path, device=str(self.device), dtype=self.dtype)
         LocalEngine.loads += 1
-        self.layers = attach(self.model, layout)
-        eos = self.model.generation_config.eos_token_id
-        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_ids = sorted({*self.eos_ids, self.tokenizer.eos_token_id})
-        self.pad_id = self.tokenizer.pad_token_id
-        if self.pad_id is None:
-            self.pad_id = self.eos_ids[0]
+        self._setup(model, tokenizer, layout, max_batch_rows, fast)
         log.info(
-            "loaded %s on %s (%s) in %.1fs",
+            "loaded %s on %s (%s, %s path) in %.1fs",
             model_path,
             self.device,
             self.dtype,
+            "fast" if self.fast is not None else "HF",
             time.perf_counter() - start,
         )
+
+    @classmethod
+    def from_model(
+        cls,
+        model: PreTrainedModel,
+        layout: LoraLayout,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        max_batch_rows: int | None = None,
+        fast: bool | None = None,
+    ) -> LocalEngine:
+        """An engine over an already loaded model (benchmarks); ``generate`` needs a tokenizer,
+        ``generate_ids`` does not."""
+        engine = cls.__new__(cls)
+        engine.device, engine.dtype = model.device, model.dtype
+        engine._setup(model.eval(), tokenizer, layout, max_batch_rows, fast)
+        return engine
+
+    def _setup(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None,
+        layout: LoraLayout,
+        max_batch_rows: int | None,
+        fast: bool | None,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.layout, self.max_batch_rows = layout, max_batch_rows
+        self.layers = attach(self.model, layout)
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = {*([eos] if isinstance(eos, int) else list(eos or []))}
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = sorted(eos_ids)
+        pad = None if tokenizer is None else tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self.fast: FastGenerator | None = None
+        self._fast_lora: dict[int, FastLora] = {}
+        self.lora_pad = 8  # rank columns of a fused group padded to this (see FastLora)
+        reason = None if fast is False else unsupported_reason(self.model)
+        if fast and reason is not None:
+            raise ConfigError("fast", f"the fast path does not support {reason}", "set fast=false")
+        if fast is not False and reason is None:
+            self.fast = FastGenerator(FastModel(self.model))
+        elif reason is not None:
+            log.info("local engine: HF path (%s)", reason)
+
+    def use_layout(self, layout: LoraLayout) -> None:
+        """Serve adapters of ``layout`` from now on, on the loaded model (a sweep trial with
+        another rank or targets; see :mod:`evolm.server.pool`)."""
+        self.layout, self.layers = layout, attach(self.model, layout)
+        self._fast_lora.clear()  # grouped buffers are sized by the rank
+        if self.fast is not None:
+            self.fast.workspace = None  # drops decode graphs captured over the old buffers
 
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -129,22 +191,70 @@ class LocalEngine:
                 if adapters is None
                 else LoraPopulation(adapters.layout, tuple(t[lo:hi] for t in adapters.tensors))
             )
-            load_population(self.layers, chunk, self.device, self.dtype)
-            tokens = generate_tokens(
-                self.model,
-                ids.repeat(hi - lo, 1),
-                mask.repeat(hi - lo, 1),
-                sampling,
-                self.eos_ids,
-                self.pad_id,
-                generator,
+            tokens = self.generate_ids(
+                ids.repeat(hi - lo, 1), mask.repeat(hi - lo, 1), chunk, sampling, generator
             )
             texts = self.tokenizer.batch_decode(
                 strip_after_eos(tokens, self.eos_ids), skip_special_tokens=True
             )
             out += [texts[m * len(prompts) : (m + 1) * len(prompts)] for m in range(hi - lo)]
-        load_population(self.layers, None, self.device, self.dtype)
         return out
+
+    def generate_ids(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        adapters: LoraPopulation | None,
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+        eos_ids: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """New tokens ``[rows, <= max_new_tokens]`` for left-padded, member-major rows: with
+        adapters, rows are ``len(adapters)`` equal groups; with None, all rows are the base model.
+        ``eos_ids`` overrides the model's (``[]``: never stop early)."""
+        eos = self.eos_ids if eos_ids is None else list(eos_ids)
+        members = 1 if adapters is None else len(adapters)
+        if input_ids.shape[0] % members:
+            raise ValueError(f"{input_ids.shape[0]} rows do not split into {members} members")
+        if self.fast is not None:
+            lora = None if adapters is None else self.load_fast_lora(adapters)
+            return self.fast.generate(
+                input_ids, attention_mask, lora, sampling, eos, self.pad_id, generator
+            )
+        load_population(self.layers, adapters, self.device, self.dtype)
+        try:
+            return generate_tokens(
+                self.model, input_ids, attention_mask, sampling, eos, self.pad_id, generator
+            )
+        finally:
+            load_population(self.layers, None, self.device, self.dtype)
+
+    def load_fast_lora(self, adapters: LoraPopulation) -> FastLora:
+        """The static grouped buffers for ``len(adapters)`` members, holding ``adapters``."""
+        assert self.fast is not None
+        lora = self._fast_lora.get(len(adapters))
+        if lora is None:
+            ins, outs = self.fast.model.lora_dims()
+            # the Triton kernels that apply qkv's and gate/up's Bt need 2^k >= 16 columns
+            fused = ("qkv", "gate_up") if self.fast.model.ops.mode == "triton" else ()
+            lora = FastLora(
+                self.layout, len(adapters), ins, outs, self.device, self.dtype, self.lora_pad, fused
+            )
+            self._fast_lora[len(adapters)] = lora
+        lora.load(adapters)
+        return lora
+
+    def reset_fast_path(self) -> None:
+        """Drop the grouped adapter buffers and the decode workspace (graphs included), e.g.
+        after changing the fast path's settings."""
+        self._fast_lora.clear()
+        if self.fast is not None:
+            self.fast.workspace = None
+
+    @property
+    def last_timings(self) -> dict[str, float]:
+        """Phase times of the last fast-path generation (``prefill_s``, ``decode_s``, ``steps``)."""
+        return {} if self.fast is None else dict(self.fast.last_timings)
 
     def close(self) -> None:
         """Nothing to release beyond memory; kept for the Engine protocol."""

@@ -7,6 +7,9 @@ once: no loop over members, no adapter swap.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -66,3 +69,17 @@ def load_population(
         else:
             layer.A = population.tensors[2 * k].to(device, dtype)
             layer.B = population.tensors[2 * k + 1].to(device, dtype)
+
+
+@contextmanager
+def detached(model: nn.Module, layout: LoraLayout, layers: list[MultiLoraLinear]) -> Iterator[None]:
+    """Put the plain base projections back into ``model`` for the block (benchmark baselines)."""
+    parents = [model.get_submodule(t.path.rsplit(".", 1)[0]) for t in layout.targets]
+    names = [t.path.rsplit(".", 1)[1] for t in layout.targets]
+    for parent, name, layer in zip(parents, names, layers, strict=True):
+        setattr(parent, name, layer.base)
+    try:
+        yield
+    finally:
+        for parent, name, layer in zip(parents, names, layers, strict=True):
+            setattr(parent, name, layer)

@@ -82,7 +82,8 @@ class Task(Protocol):
 # Optional task hook, called by the loop after each generation's ``tell`` when a task defines it:
 #     def after_generation(self, evaluation: evolm.evaluate.Evaluation) -> dict[str, float]
 # It may adapt task state (e.g. the scorer task's Lagrange multiplier) from the generation's
-# scores; the returned numbers are logged as ``train/<name>``.
+# scores; the returned numbers are logged as ``train/<name>``. Such state is checkpointed when
+# the task also defines ``state_dict() -> dict`` and ``load_state_dict(state)`` (evolm.checkpoint).
 
 
 def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict[str, Any]]:

@@ -261,6 +261,14 @@ class Scorer:
             self.log_lambda = min(self.log_lambda + step, math.log(self.lambda_max))
         return {"lambda": self.lambda_}
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this task: the adapted ``ln lambda``."""
+        return {"log_lambda": self.log_lambda}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a resumed run continues with the adapted lambda)."""
+        self.log_lambda = float(state["log_lambda"])
+
 
 def split_prompts(
     prompts_file: str | None, train_size: int, per_generation: int

@@ -1,1 +1,1 @@
-"""Tracking: results files, figures, progress (and, later, MLflow)."""
+"""Tracking: results files, figures, progress, the final adapter, MLflow runs (and sweeps)."""

@@ -1,10 +1,12 @@
-"""Built-in callbacks: results as JSON lines, the evolution figure, a progress bar."""
+"""Built-in callbacks: results as JSON lines, the evolution figure, a progress bar, and the
+final adapter (always added by the composition root)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,24 +15,40 @@ from tqdm.auto import tqdm
 
 from evolm.es import ESState
 from evolm.loop import Callback, Record, RunContext
+from evolm.lora import save_adapter
 from evolm.tracking.plot import plot_evolution
 
 log = logging.getLogger(__name__)
 
 
+def json_line(record: Record) -> str:
+    """One JSON line; non-finite floats become null."""
+    clean = {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()
+    }
+    return json.dumps(clean) + "\n"
+
+
 class ResultsWriter(Callback):
-    """Appends every record to ``<run dir>/<filename>`` as one JSON line, flushed at once."""
+    """Appends every record to ``<run dir>/<filename>`` as one JSON line, flushed at once.
+
+    At the start the file is rewritten with ``ctx.history``: empty for a fresh run, and for a
+    resumed run the checkpoint's records, which truncates whatever the interrupted run wrote
+    after its checkpoint (no duplicate generations).
+    """
 
     def __init__(self, filename: str = "results.jsonl") -> None:
         self.filename = filename
 
+    def on_run_start(self, ctx: RunContext, state: ESState) -> None:
+        path = Path(ctx.output_dir) / self.filename
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json_line(r) for r in ctx.history), encoding="utf-8")
+        os.replace(tmp, path)
+
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
-        clean = {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in record.items()
-        }
-        with open(ctx.output_dir / self.filename, "a", encoding="utf-8") as f:
-            f.write(json.dumps(clean) + "\n")
+        with open(Path(ctx.output_dir) / self.filename, "a", encoding="utf-8") as f:
+            f.write(json_line(record))
 
 
 class EvolutionPlot(Callback):
@@ -46,7 +64,7 @@ class EvolutionPlot(Callback):
         self.last_draw = -math.inf
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
-        self.records, self.last_draw = [], -math.inf
+        self.records, self.last_draw = list(ctx.history), -math.inf
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         self.records.append(record)
@@ -78,18 +96,44 @@ class ProgressBar(Callback):
             disable=self.disable,
             dynamic_ncols=True,
         )
+        self.postfix = {}
+        for record in ctx.history:  # a resumed run shows where it stopped
+            self._note(record)
+        self.bar.set_postfix(self.postfix)
+
+    def _note(self, record: Record) -> None:
+        if "train/fitness_mean" in record:
+            self.postfix["fitness"] = f"{record['train/fitness_mean']:.4g}"
+            self.postfix["max"] = f"{record['train/fitness_max']:.4g}"
+        if "eval/reward_mean" in record:
+            self.postfix["eval"] = f"{record['eval/reward_mean']:.4g}"
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         if self.bar is None:
             return
+        self._note(record)
         if "train/fitness_mean" in record:
-            self.postfix["fitness"] = f"{record['train/fitness_mean']:.4g}"
-            self.postfix["max"] = f"{record['train/fitness_max']:.4g}"
             self.bar.update(1)
-        if "eval/reward_mean" in record:
-            self.postfix["eval"] = f"{record['eval/reward_mean']:.4g}"
         self.bar.set_postfix(self.postfix)
 
     def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
         if self.bar is not None:
             self.bar.close()
+
+    def on_run_error(self, ctx: RunContext, error: BaseException) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class AdapterWriter(Callback):
+    """Writes the final mean adapter to ``<run dir>/<dirname>`` in PEFT format (atomically) at
+    the end of the run. The composition root adds it before every configured callback, so it is
+    written with any ``callbacks``/``logger`` choice and exists when a logger uploads it."""
+
+    def __init__(self, dirname: str = "adapter") -> None:
+        self.dirname = dirname
+
+    def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
+        path = Path(ctx.output_dir) / self.dirname
+        save_adapter(path, ctx.layout, state.mean, base_model=ctx.base_model)
+        log.info("final adapter: %s", path)

@@ -1,0 +1,191 @@
+"""One benchmark record per workload: build the model, time every method, add the context.
+
+The record (JSON-ready) holds the machine, the workload, each method's timing, the ratios the
+targets are stated in, ES bookkeeping, peak memory against what the batch needs, the roofline
+floor, a fast-vs-HF logit check, and optionally the top GPU kernels of one evolm run.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import tempfile
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import transformers
+
+from evolm.bench import methods as M
+from evolm.bench.roofline import Dims, device_peaks, floor
+from evolm.bench.shapes import build_model, param_bytes
+from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
+from evolm.server.local import DTYPES, LocalEngine
+from evolm.server.multilora import load_population
+from evolm.task.base import Sampling
+
+log = logging.getLogger(__name__)
+
+METHODS = ("evolm", "base", "paper", "paper_fast", "hf_lora", "external")
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    return {
+        "device": name or platform.machine(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def run_workload(
+    work: M.Workload,
+    device: torch.device,
+    methods: tuple[str, ...],
+    reps: int = 3,
+    baseline_members: int = 3,
+    runner: M.Runner | None = None,
+    profile: bool = False,
+    fast: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Time ``methods`` on ``work``; see the module docstring for the record. ``fast`` sets
+    attributes of the engine's :class:`~evolm.server.fastgen.FastGenerator` (tuning)."""
+    dtype = DTYPES[work.dtype]
+    model = build_model(work.shape, device, dtype, seed=work.seed)
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=work.rank))
+    engine = LocalEngine.from_model(model, layout, fast=True)
+    for key, value in (fast or {}).items():
+        setattr(engine.fast, key, value)
+    gen = torch.Generator().manual_seed(work.seed)
+    vocab = model.config.vocab_size
+    ids = torch.randint(vocab // 8, vocab, (work.prompts, work.prompt_len), generator=gen)
+    ids = ids.to(device)
+    pop, book = M.sample_population(work, engine)
+    results: dict[str, dict[str, Any]] = {}
+    k = min(baseline_members, work.members)
+    steps = {
+        "evolm": lambda: M.time_engine(engine, ids, pop, work, reps),
+        "base": lambda: M.time_engine(engine, ids, None, work, reps),
+        "paper_fast": lambda: M.time_paper(engine, ids, work, k, fast=True),
+        "paper": lambda: M.time_paper(engine, ids, work, k, fast=False),
+        "hf_lora": lambda: M.time_hf_lora(engine, ids, pop, work, k),
+        "external": lambda: M.time_external(runner, ids, pop, work, reps),  # type: ignore[arg-type]
+    }
+    for name in METHODS:
+        if name in methods and (name != "external" or runner is not None):
+            log.info("%s: timing %s", work.shape, name)
+            results[name] = steps[name]().as_dict()
+            log.info("%s: %s %.3f s", work.shape, name, results[name]["seconds"])
+    with tempfile.TemporaryDirectory() as folder:
+        book["adapter_write_s"] = M.time_adapter_writes(pop, folder, work.shape)
+    record = {
+        "machine": machine(device),
+        "workload": asdict(work),
+        "results": results,
+        "bookkeeping": book,
+        "ratios": ratios(results, book),
+        "memory": memory(engine, work, results.get("evolm", {})),
+        "roofline": roofline(model, work, device),
+        "check": check_against_hf(engine, pop, ids),
+        "fast_options": fast or {},
+    }
+    if profile:
+        record["profile"] = profile_kernels(engine, ids, pop, work)
+    return record
+
+
+def ratios(results: dict[str, dict[str, Any]], book: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    a = results.get("evolm", {}).get("seconds")
+    if not a:
+        return out
+    if "base" in results:
+        out["lora_overhead"] = a / results["base"]["seconds"] - 1
+    for name in ("paper", "paper_fast", "hf_lora", "external"):
+        if name in results:
+            out[f"{name}_over_evolm"] = results[name]["seconds"] / a
+    out["bookkeeping_share"] = (book["sample_s"] + book["tell_s"]) / a
+    return out
+
+
+def memory(engine: LocalEngine, work: M.Workload, evolm: dict[str, Any]) -> dict[str, float]:
+    """Peak allocated during the evolm runs vs weights + the batch's KV cache + adapters."""
+    dims = Dims.from_config(engine.model.config)
+    item = torch.finfo(engine.dtype).bits // 8
+    weights = param_bytes(engine.model)
+    kv = work.rows * (work.prompt_len + work.new_tokens) * dims.kv_bytes_per_token(item)
+    adapters = work.members * engine.layout.numel() * item
+    need = weights + kv + adapters
+    out = {"weights_bytes": weights, "kv_cache_bytes": kv, "adapter_bytes": adapters}
+    out["needed_bytes"] = need
+    if "peak_memory_bytes" in evolm:
+        out["peak_bytes"] = evolm["peak_memory_bytes"]
+        out["peak_over_needed"] = evolm["peak_memory_bytes"] / need
+    return out
+
+
+def roofline(model: Any, work: M.Workload, device: torch.device) -> dict[str, Any]:
+    peaks = device_peaks(device)
+    if peaks is None:
+        return {}
+    name, flops, bw = peaks
+    dims = Dims.from_config(model.config)
+    result = floor(dims, work.rows, work.prompt_len, work.new_tokens, work.rank, flops, bw)
+    return {"device": name, "peak_flops": flops, "bandwidth": bw, **result}
+
+
+def check_against_hf(
+    engine: LocalEngine, pop: LoraPopulation, ids: torch.Tensor
+) -> dict[str, float]:
+    """Fast path vs the HF model + MultiLoraLinear on 2 members x 2 prompts, 4 forced tokens."""
+    assert engine.fast is not None
+    few = LoraPopulation(pop.layout, tuple(t[:2] for t in pop.tensors))
+    prompts = ids[:2, :16]
+    rows = prompts.repeat(2, 1)
+    forced = torch.randint(0, engine.model.config.vocab_size, (4, 4), device=ids.device)
+    mask = torch.ones_like(rows)
+    ours = engine.fast.forced_logits(rows, mask, engine.load_fast_lora(few), forced).float()
+    load_population(engine.layers, few, engine.device, engine.dtype)
+    try:
+        with torch.inference_mode():
+            full = torch.cat([rows, forced], dim=1)
+            ref = engine.model(input_ids=full).logits[:, rows.shape[1] - 1 :].float()
+    finally:
+        load_population(engine.layers, None, engine.device, engine.dtype)
+    return {
+        "max_abs_diff": (ours - ref).abs().max().item(),
+        "ref_max_abs": ref.abs().max().item(),
+        "argmax_agree": (ours.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+    }
+
+
+def profile_kernels(
+    engine: LocalEngine, ids: torch.Tensor, pop: LoraPopulation, work: M.Workload, top: int = 15
+) -> list[dict[str, Any]]:
+    """Top device kernels of one evolm run (at most 32 new tokens) with graphs off: the same
+    kernels as with graphs, visible one by one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    assert engine.fast is not None
+    rows = ids.repeat(work.members, 1)
+    sampling = Sampling(max_new_tokens=min(work.new_tokens, 32))
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.is_cuda else [])
+    graphs, engine.fast.graphs = engine.fast.graphs, False
+
+    def run() -> torch.Tensor:
+        return engine.generate_ids(rows, torch.ones_like(rows), pop, sampling, eos_ids=[])
+
+    try:
+        run()
+        with profile(activities=acts) as prof:
+            M.timed(engine.device, run)
+    finally:
+        engine.fast.graphs = graphs
+    kernels = []
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", 0) or getattr(evt, "self_cuda_time_total", 0)
+        if t > 0:
+            kernels.append({"name": evt.key[:90], "count": evt.count, "device_ms": t / 1e3})
+    kernels.sort(key=lambda r: -r["device_ms"])
+    return kernels[:top]

@@ -1,0 +1,135 @@
+"""``python -m evolm.bench.tune``: the fast path's settings side by side, and where time goes.
+
+    python -m evolm.bench.tune --shape qwen2.5-7b --variant pad=1,ops=eager --variant pad=8 \\
+        --profile --json out.json
+
+Builds the model once; for each variant (``pad`` = LoRA rank-column padding, ``ops`` =
+eager / compile / triton, ``bucket``, ``prefill`` = tokens per prefill chunk, ``sdpa`` =
+decode attention backend) times (a) evolm and (b) base on the workload (one warm-up, ``--reps``
+runs). ``--profile`` adds the top GPU kernels of one prefill and of 16 decode steps (graphs off:
+the same kernels, listed one by one), per call and per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evolm.bench import methods as M
+from evolm.bench.shapes import SHAPES, build_model
+from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
+from evolm.server.local import DTYPES, LocalEngine
+
+log = logging.getLogger("evolm.bench.tune")
+
+
+def apply(engine: LocalEngine, variant: dict[str, str]) -> None:
+    fast = engine.fast
+    assert fast is not None
+    engine.lora_pad = int(variant.get("pad", 8))  # (triton ops: at least 16, a power of 2)
+    fast.model.set_ops(variant.get("ops", "triton"))
+    fast.model.decode_sdpa = variant.get("sdpa") or None
+    fast.bucket = int(variant.get("bucket", 32))
+    fast.prefill_tokens = int(variant["prefill"]) if "prefill" in variant else None
+    engine.reset_fast_path()
+
+
+def kernels(prof: Any, per: int, top: int = 12) -> list[dict[str, Any]]:
+    rows = []
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", 0) or getattr(evt, "self_cuda_time_total", 0)
+        if t > 0 and not evt.key.startswith("aten::"):
+            rows.append({"name": evt.key[:80], "calls": evt.count / per, "us": t / per})
+    rows.sort(key=lambda r: -r["us"])
+    return rows[:top]
+
+
+def profile_phases(engine: LocalEngine, rows: torch.Tensor, pop: LoraPopulation) -> dict[str, Any]:
+    """Top kernels of one prefill and of 16 decode steps (per step), graphs off."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fast, steps = engine.fast, 16
+    assert fast is not None
+    lora = engine.load_fast_lora(pop)
+    mask = torch.ones_like(rows)
+    graphs, fast.graphs = fast.graphs, False
+    try:
+        with torch.inference_mode():
+            ws = fast.start(rows, mask, lora, steps + 2)  # warm
+            with profile(activities=[ProfilerActivity.CUDA]) as pre:
+                ws = fast.start(rows, mask, lora, steps + 2)
+                torch.cuda.synchronize()
+            token = ws.logits.argmax(-1)
+            fast.advance(ws, token, 0, rows.shape[1], lora)
+            with profile(activities=[ProfilerActivity.CUDA]) as dec:
+                for t in range(1, steps + 1):
+                    fast.advance(ws, token, t, rows.shape[1], lora)
+                torch.cuda.synchronize()
+    finally:
+        fast.graphs = graphs
+    return {"prefill": kernels(pre, 1), "decode_per_step": kernels(dec, steps)}
+
+
+def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool) -> dict:
+    device = torch.device("cuda")
+    model = build_model(work.shape, device, DTYPES[work.dtype], seed=work.seed)
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=work.rank))
+    engine = LocalEngine.from_model(model, layout, fast=True)
+    ids = torch.randint(1000, 100000, (work.prompts, work.prompt_len), device=device)
+    pop, book = M.sample_population(work, engine)
+    out: dict[str, Any] = {"shape": work.shape, "bookkeeping": book, "variants": []}
+    for variant in variants:
+        apply(engine, variant)
+        a = M.time_engine(engine, ids, pop, work, reps).as_dict()
+        b = M.time_engine(engine, ids, None, work, reps).as_dict()
+        row = {
+            "variant": variant,
+            "evolm": a,
+            "base": b,
+            "overhead": a["seconds"] / b["seconds"] - 1,
+        }
+        out["variants"].append(row)
+        log.info(
+            "%s %s: evolm %.3f s (prefill %.3f, %.2f ms/step, first %.1f s), base %.3f s, "
+            "overhead %.1f%%, peak %.2f GiB",
+            *(work.shape, variant, a["seconds"], a["prefill_s"], a["decode_ms_per_step"]),
+            *(a["first_call_s"], b["seconds"], 100 * row["overhead"]),
+            a["peak_memory_bytes"] / 2**30,
+        )
+    if prof:
+        out["profile"] = profile_phases(engine, ids.repeat(work.members, 1), pop)
+        for phase, table in out["profile"].items():
+            log.info(
+                "%s %s:\n%s",
+                work.shape,
+                phase,
+                "\n".join(f"  {r['us']:9.1f} us  {r['calls']:6.1f}x  {r['name']}" for r in table),
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    p = argparse.ArgumentParser(prog="python -m evolm.bench.tune")
+    p.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    p.add_argument("--variant", action="append", default=[], help="k=v,k=v (repeatable)")
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    variants = [dict(kv.split("=") for kv in v.split(",") if kv) for v in args.variant or [""]]
+    results = []
+    for shape in args.shape or ["qwen2.5-0.5b"]:
+        results.append(run(M.Workload(shape=shape), variants, args.reps, args.profile))
+        torch.cuda.empty_cache()
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

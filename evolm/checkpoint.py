@@ -1,0 +1,176 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped.
+
+``<run dir>/checkpoints/gen-000012.pt`` (``torch.save``, loadable with ``weights_only=True``)::
+
+    {"format": 1, "generation": 12, "es": ESState.state_dict(), "records": [...],
+     "state": {"task": {...}, "logger.mlflow": {"run_id": ...}, ...}}
+
+``records`` are the run's records so far (what ``results.jsonl`` holds); ``state`` holds the
+``state_dict()`` of every task and callback that has one (:class:`~evolm.loop.Stateful`), under
+its name. No RNG state is needed: a generation's population is a pure function of (run seed,
+generation) (:meth:`evolm.es.ES.ask`), the training prompts of ``task.train_examples(g)`` and the
+sampling seed ``seed + g`` depend only on the generation, and the engines draw from explicit
+generators seeded per call. What a task adapts between generations (the scorer's lambda) is
+task state, checkpointed here.
+
+Writes are atomic and durable (temp file, fsync, ``os.replace``, fsync of the folder). Beside
+each checkpoint, ``gen-000012.pt.sha256`` holds its SHA-256, written last: a checkpoint without
+it, with another digest (truncated or corrupt) or that ``torch.load`` rejects is skipped with a
+warning and the previous one is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evolm.errors import ConfigError
+from evolm.es import ESState
+from evolm.loop import Callback, Record, RunContext
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+FORMAT = 1
+_NAME = re.compile(r"^gen-(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be used (truncated, corrupt, unfinished)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint (see the module docstring for the fields)."""
+
+    path: Path
+    generation: int
+    es: dict[str, Any]
+    records: list[Record]
+    state: dict[str, dict[str, Any]]
+
+
+def checkpoint_path(directory: Path, generation: int) -> Path:
+    return directory / f"gen-{generation:06d}.pt"
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the folder."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    directory: Path, state: ESState, records: list[Record], extra: dict[str, dict[str, Any]]
+) -> Path:
+    """Write the checkpoint of ``state.generation`` and its digest; returns its path."""
+    payload = {
+        "format": FORMAT,
+        "generation": state.generation,
+        "es": state.state_dict(),
+        "records": records,
+        "state": extra,
+    }
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_path(directory, state.generation)
+    atomic_write(path, data)
+    digest = f"{hashlib.sha256(data).hexdigest()}  {path.name}\n"
+    atomic_write(_digest_path(path), digest.encode())
+    return path
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read and verify one checkpoint; raises :class:`CheckpointError` if it is unusable."""
+    digest = _digest_path(path)
+    if not digest.is_file():
+        raise CheckpointError(f"{digest.name} is missing (the write was interrupted)")
+    data = path.read_bytes()
+    expected = digest.read_text().split()[:1]
+    if [hashlib.sha256(data).hexdigest()] != expected:
+        raise CheckpointError(f"its SHA-256 differs from {digest.name} (truncated or corrupt)")
+    try:
+        d = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if d["format"] != FORMAT:
+            raise CheckpointError(f"format {d['format']}, this evolm reads {FORMAT}")
+        return Checkpoint(path, int(d["generation"]), d["es"], list(d["records"]), d["state"])
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"torch.load failed: {e}") from e
+
+
+def checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """``(generation, path)`` of the checkpoint files in ``directory``, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [(_NAME.match(p.name), p) for p in directory.iterdir()]
+    return sorted((int(m.group(1)), p) for m, p in found if m)
+
+
+def latest_checkpoint(directory: Path) -> Checkpoint | None:
+    """The newest usable checkpoint in ``directory`` (None if there is none); every newer,
+    unusable one is reported with a warning."""
+    for _, path in reversed(checkpoints(directory)):
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as e:
+            log.warning("checkpoint %s is unusable: %s; trying the previous one", path, e)
+    return None
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints (with their digests)."""
+    for _, path in checkpoints(directory)[:-keep]:
+        _digest_path(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+
+class Checkpointer(Callback):
+    """Saves a checkpoint every ``every`` generations and at the last one, keeping the newest
+    ``keep``, in ``<run dir>/checkpoints/``. Resume with ``python -m evolm resume=<run dir>``."""
+
+    def __init__(self, every: int = 10, keep: int = 2) -> None:
+        if every < 1:
+            raise ConfigError("every", f"must be >= 1, got {every}", "e.g. every=10")
+        if keep < 1:
+            raise ConfigError("keep", f"must be >= 1, got {keep}", "e.g. keep=2")
+        self.every = every
+        self.keep = keep
+        self.records: list[Record] = []
+
+    def on_run_start(self, ctx: RunContext, state: ESState) -> None:
+        self.records = list(ctx.history)
+
+    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
+        self.records.append(record)
+        g = state.generation
+        if g > 0 and (g % self.every == 0 or g == ctx.generations):
+            extra = {name: obj.state_dict() for name, obj in ctx.stateful.items()}
+            directory = Path(ctx.output_dir) / CHECKPOINT_DIR
+            path = save_checkpoint(directory, state, self.records, extra)
+            prune(directory, self.keep)
+            log.debug("checkpoint %s", path)

@@ -1,0 +1,122 @@
+"""``python -m evolm.export <run dir> [--out DIR]``: the run's final adapter merged into its base.
+
+Loads the base model named in ``<run dir>/adapter/adapter_config.json`` (or ``--base``), applies
+the adapter with peft, folds it into the weights (``merge_and_unload``) and writes a plain
+transformers checkpoint with the tokenizer to ``DIR`` (default ``<run dir>/merged``; replaced
+atomically). Then prints how to serve the adapter unmerged with peft, SGLang and vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = {
+    "auto": "auto",
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
+
+
+def merge(adapter: Path, out: Path, base: str, dtype: str = "auto") -> Path:
+    """Write ``base`` with ``adapter`` merged into its weights, and its tokenizer, to ``out``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES[dtype])
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        merged.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def usage(adapter: Path, merged: Path, base: str, config: dict[str, Any], name: str) -> str:
+    """How to use the merged model, and the adapter unmerged with peft, SGLang and vLLM."""
+    rank, modules = int(config["r"]), " ".join(config["target_modules"])
+    vllm_rank = next((r for r in VLLM_RANKS if r >= rank), rank)
+    body = json.dumps({"lora_name": name, "lora_path": str(adapter)})
+    return f"""\
+Merged model: {merged}
+  AutoModelForCausalLM.from_pretrained("{merged}")   # a plain checkpoint: any server loads it
+
+The adapter unmerged: {adapter} (base {base}, rank {rank})
+  peft:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{adapter}")
+  SGLang (requests name it: "lora_path": "{name}"):
+    python -m sglang.launch_server --model-path {base} --enable-lora --lora-paths {name}={adapter}
+    # or into a running server started with --enable-lora --max-lora-rank {rank} \\
+    #   --lora-target-modules {modules}:
+    curl -X POST http://127.0.0.1:30000/load_lora_adapter -H 'Content-Type: application/json' \\
+      -d '{body}'
+  vLLM (requests name it: "model": "{name}"):
+    vllm serve {base} --enable-lora --max-lora-rank {vllm_rank} --lora-modules {name}={adapter}
+    # or into a running server (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, --enable-lora):
+    curl -X POST http://127.0.0.1:8000/v1/load_lora_adapter -H 'Content-Type: application/json' \\
+      -d '{body}'
+"""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m evolm.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", type=Path, help="an evolm run directory (holds adapter/)")
+    parser.add_argument("--out", type=Path, help="where the merged model goes (<run dir>/merged)")
+    parser.add_argument("--base", help="the base model (default: the adapter's base_model)")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="auto",
+        help="dtype of the merged weights (auto: the base checkpoint's)",
+    )
+    parser.add_argument("--name", default="evolm", help="the adapter's name on a server")
+    args = parser.parse_args(argv)
+    if not (args.run_dir / "adapter" / "adapter_config.json").is_file():
+        parser.error(
+            f"{args.run_dir}/adapter/adapter_config.json does not exist: a finished run "
+            "(or one resumed to its end) has it"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    adapter = args.run_dir.resolve() / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    base = args.base or config["base_model_name_or_path"]
+    out = (args.out or args.run_dir / "merged").resolve()
+    log.info("merging %s into %s", adapter, base)
+    merge(adapter, out, base, args.dtype)
+    print(usage(adapter, out, base, config, args.name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

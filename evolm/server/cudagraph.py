@@ -1,0 +1,47 @@
+"""CUDA-graph capture and per-phase timing for the fast path's generator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def capture(fn: Callable[[], None], pool: object) -> torch.cuda.CUDAGraph:
+    """Warm ``fn`` up on a side stream (it must be idempotent), then capture it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    return graph
+
+
+class PhaseTimer:
+    """Phase times: CUDA events on GPUs (read once, at the end), the host clock on CPUs."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = [("start", self._now())]
+
+    def _now(self) -> object:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def done(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:], strict=False):
+            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a  # type: ignore[attr-defined,operator]
+        return out

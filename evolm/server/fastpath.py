@@ -1,0 +1,288 @@
+"""A lean Qwen2 / Llama decoder forward over an HF model's own weights: the engine's fast path.
+
+HF's modules spend most of a population's time in decoding: per step, dozens of small kernels
+per layer, a host sync, and a growing cache. This forward computes the same function with:
+
+- fused projections: q/k/v are one matmul and gate/up one. The fused weight buffers are built
+  once and the HF modules' parameters are turned into *views* of them, so the weights are held
+  once and an in-place edit through either path is seen by both;
+- grouped LoRA: one pair of ``bmm`` per fused projection for all members
+  (:func:`~evolm.server.fastlora.lora_linear`), the residual or bias folded into the matmuls;
+  on GPUs the second product of q/k/v and gate/up happens inside the RoPE and SiLU-and-multiply
+  kernels instead (:mod:`evolm.server.fastops`, :mod:`evolm.server.triton_ops`);
+- a static KV cache ``[layers, rows, kv_heads, slots, head_dim]``: prefill (last-position
+  logits only) writes slots ``0..L-1``; decode step ``t`` writes slot ``L + t`` and attends
+  over the first ``E`` slots through an additive mask, so every step has the same shapes and
+  can be replayed as a CUDA graph (:mod:`evolm.server.fastgen`).
+
+Decode attention treats the ``g = heads / kv_heads`` query heads that share a KV head as ``g``
+query positions of that head: one SDPA call (on GPUs a Triton kernel) over the cache with no KV
+expansion.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from evolm.server.fastlora import FastLora, FastLoraView, GroupLora, lora_linear, lora_parts
+from evolm.server.fastops import Ops, default_mode
+from evolm.server.fastweights import base_linear, fuse, unsupported_reason
+
+LoraLike = FastLora | FastLoraView | None
+
+
+def _group(lora: LoraLike, layer: int, name: str) -> GroupLora | None:
+    return None if lora is None else lora.get(layer, name)
+
+
+@dataclass(frozen=True)
+class FastLayer:
+    ln1: Tensor
+    ln2: Tensor
+    qkv: Tensor
+    qkv_bias: Tensor | None
+    o: Tensor
+    gate_up: Tensor
+    down: Tensor
+
+
+@dataclass
+class KVCache:
+    """Static cache ``[layers, rows, kv_heads, slots, head_dim]`` for K and V."""
+
+    k: Tensor
+    v: Tensor
+
+
+def prefill_mask(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """Additive ``[rows, 1, L, L]`` mask: causal, no padded keys; each query sees itself, so the
+    rows of padded positions stay finite (their outputs are never used)."""
+    length = valid.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=valid.device)
+    allowed = (causal & valid[:, None, :]) | eye
+    zero = torch.zeros((), dtype=dtype, device=valid.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+
+
+class FastModel:
+    """The fast forward of a Qwen2 / Llama ``*ForCausalLM`` (see the module docstring)."""
+
+    def __init__(
+        self, model: nn.Module, ops: str | None = None, decode_sdpa: str | None = None
+    ) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the fast path does not support this model: {reason}")
+        cfg, inner = model.config, model.model
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.hidden, self.inter = cfg.hidden_size, cfg.intermediate_size
+        self.eps = cfg.rms_norm_eps
+        self.q_out, self.kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = model.get_output_embeddings()  # read at call time: tests edit its bias
+        self.rotary = inner.rotary_emb
+        self.layers = [self._layer(layer) for layer in inner.layers]
+        self.ops = Ops(ops or default_mode(self.embed.device))
+        self.decode_sdpa = decode_sdpa  # force SDPA (this backend) for decode attention
+
+    def set_ops(self, mode: str) -> None:
+        self.ops = Ops(mode)
+
+    def _layer(self, layer: nn.Module) -> FastLayer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, qkv_bias = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up, _ = fuse([mlp.gate_proj, mlp.up_proj])
+        return FastLayer(
+            ln1=layer.input_layernorm.weight,
+            ln2=layer.post_attention_layernorm.weight,
+            qkv=qkv,
+            qkv_bias=qkv_bias,
+            o=base_linear(attn.o_proj).weight,
+            gate_up=gate_up,
+            down=base_linear(mlp.down_proj).weight,
+        )
+
+    def weight_bytes(self) -> int:
+        """Bytes of the embedding and the layers' projection weights (for memory budgets)."""
+        tensors = [self.embed, *(t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down))]
+        return sum(t.nbytes for t in tensors)
+
+    # -- shapes the grouped LoRA needs ---------------------------------------------------
+    def lora_dims(self) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+        ins = {"qkv": self.hidden, "o": self.q_out, "gate_up": self.hidden, "down": self.inter}
+        outs = {
+            "qkv": (self.q_out, self.kv_out, self.kv_out),
+            "o": (self.hidden,),
+            "gate_up": (self.inter, self.inter),
+            "down": (self.hidden,),
+        }
+        return ins, outs
+
+    def new_cache(self, rows: int, slots: int) -> KVCache:
+        shape = (len(self.layers), rows, self.kv_heads, slots, self.head_dim)
+        kw = {"dtype": self.embed.dtype, "device": self.embed.device}
+        return KVCache(torch.zeros(shape, **kw), torch.zeros(shape, **kw))
+
+    def rope_tables(self, slots: int) -> tuple[Tensor, Tensor]:
+        """cos, sin ``[slots, head_dim]`` for positions ``0..slots-1`` (the model's own RoPE)."""
+        positions = torch.arange(slots, device=self.embed.device)[None]
+        cos, sin = self.rotary(self.embed[:1], positions)
+        return cos[0], sin[0]
+
+    def logits(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        """LM-head logits ``[rows, vocab]`` of hidden states ``x`` (final norm applied here)."""
+        return self._head(F.rms_norm(x, (self.hidden,), self.norm, self.eps), out)
+
+    def greedy(self, x: Tensor, tokens: Tensor, scratch: Tensor) -> None:
+        """Argmax of the logits of ``x [rows, hidden]`` into ``tokens [rows]``, ``len(scratch)``
+        rows at a time: the logits of all rows are never held at once."""
+        h = F.rms_norm(x, (self.hidden,), self.norm, self.eps)
+        for lo in range(0, h.shape[0], scratch.shape[0]):
+            hi = min(h.shape[0], lo + scratch.shape[0])
+            torch.argmax(self._head(h[lo:hi], scratch[: hi - lo]), dim=-1, out=tokens[lo:hi])
+
+    def _head(self, h: Tensor, out: Tensor | None) -> Tensor:
+        weight, bias = self.lm_head.weight, self.lm_head.bias
+        if bias is not None:
+            return torch.addmm(bias, h, weight.t(), out=out)
+        return torch.mm(h, weight.t(), out=out)
+
+    def _mlp(self, i: int, w: FastLayer, x: Tensor, lora: LoraLike) -> Tensor:
+        h = F.rms_norm(x, (self.hidden,), w.ln2, self.eps)
+        g = _group(lora, i, "gate_up")
+        if self.ops.mode == "triton" and (
+            g is None or self.ops.fused_lora(h.shape[0], g.A.shape[0])
+        ):
+            if g is None:
+                act = self.ops.silu_mul(h @ w.gate_up.t())
+            else:
+                base, u = lora_parts(h, w.gate_up, None, g)
+                act = self.ops.silu_mul(base, u, g.Bt, h.shape[0] // g.A.shape[0])
+        else:
+            act = self.ops.silu_mul(lora_linear(h, w.gate_up, None, g))
+        return lora_linear(act, w.down, None, _group(lora, i, "down"), residual=x)
+
+    def _qkv(
+        self,
+        i: int,
+        w: FastLayer,
+        x: Tensor,
+        lora: LoraLike,
+        cos: Tensor,
+        sin: Tensor,
+        cache: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """q ``[T, heads, hd]``, k and v ``[T, kv_heads, hd]`` (RoPE applied) for tokens ``x``;
+        ``cos``/``sin`` are ``[T, 1, hd]``. With ``cache = (k_cache, v_cache, slot)`` (decode)
+        k and v are written at ``slot`` and come back as None."""
+        h = F.rms_norm(x, (self.hidden,), w.ln1, self.eps)
+        g, tokens, rot = _group(lora, i, "qkv"), h.shape[0], self.heads + self.kv_heads
+        if self.ops.qkv_rope is not None and (
+            g is None or self.ops.fused_lora(tokens, g.A.shape[0])
+        ):
+            if g is None:
+                base, u, bt, rpm = lora_linear(h, w.qkv, w.qkv_bias), None, None, 0
+            else:
+                (base, u), bt = lora_parts(h, w.qkv, w.qkv_bias, g), g.Bt
+                rpm = tokens // g.A.shape[0]
+            qkv = base.view(tokens, -1, self.head_dim)
+            out = self.ops.qkv_rope(qkv, cos, sin, rot, u, bt, rpm, cache)
+            if cache is not None:
+                return out[:, : self.heads], None, None
+            return out[:, : self.heads], out[:, self.heads : rot], out[:, rot:]
+        qkv = lora_linear(h, w.qkv, w.qkv_bias, g)
+        qk = qkv[:, : self.q_out + self.kv_out].view(tokens, -1, self.head_dim)
+        qk = self.ops.rope(qk, cos, sin)
+        v = qkv[:, self.q_out + self.kv_out :].view(tokens, -1, self.head_dim)
+        return qk[:, : self.heads], qk[:, self.heads :], v
+
+    # -- prefill -------------------------------------------------------------------------
+    def prefill(
+        self,
+        ids: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        cache: KVCache,
+        rows: slice,
+        lora: LoraLike,
+    ) -> Tensor:
+        """Run prompts ``ids [r, L]`` (member-major, left-padded), write their K/V into cache
+        rows ``rows`` slots ``0..L-1``; return last-position logits ``[r, vocab]``.
+
+        ``cos``/``sin`` are ``[r, L, head_dim]`` at each token's position; ``mask`` is
+        :func:`prefill_mask` (None when nothing is padded: plain causal attention)."""
+        r, length = ids.shape
+        x = F.embedding(ids, self.embed).view(r * length, self.hidden)
+        cos, sin = cos.reshape(r * length, 1, -1), sin.reshape(r * length, 1, -1)
+        for i, w in enumerate(self.layers):
+            q, k, v = (
+                t.view(r, length, -1, self.head_dim).transpose(1, 2)  # type: ignore[union-attr]
+                for t in self._qkv(i, w, x, lora, cos, sin)
+            )
+            cache.k[i, rows, :, :length] = k
+            cache.v[i, rows, :, :length] = v
+            attn = self._prefill_attention(q, k, v, mask)
+            attn = attn.transpose(1, 2).reshape(r * length, self.q_out)
+            x = lora_linear(attn, w.o, None, _group(lora, i, "o"), residual=x)
+            x = self._mlp(i, w, x, lora)
+        return self.logits(x.view(r, length, self.hidden)[:, -1])
+
+    def _decode_backend(self) -> AbstractContextManager[None]:
+        """``decode_sdpa``: None (torch's choice) or an SDPBackend name, e.g. ``"MATH"``."""
+        if self.decode_sdpa is None:
+            return nullcontext()
+        return sdpa_kernel(getattr(SDPBackend, self.decode_sdpa))
+
+    def _prefill_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    # -- decode --------------------------------------------------------------------------
+    def decode(
+        self,
+        tokens: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        bias: Tensor,
+        slot: Tensor,
+        cache: KVCache,
+        lora: LoraLike,
+    ) -> Tensor:
+        """One token per row: ``tokens [R]`` at RoPE ``cos``/``sin [R, head_dim]``; K/V go to
+        cache slot ``slot`` (a 1-element device tensor); attention over the first ``E`` slots
+        with the additive ``bias [R, E]``. Returns the last hidden states (for :meth:`logits`
+        or :meth:`greedy`). No host sync."""
+        rows, slots = tokens.shape[0], bias.shape[1]
+        group = self.heads // self.kv_heads
+        x = F.embedding(tokens, self.embed)
+        cos, sin, bias4 = cos[:, None], sin[:, None], bias[:, None, None]
+        for i, w in enumerate(self.layers):
+            q, k, v = self._qkv(i, w, x, lora, cos, sin, (cache.k[i], cache.v[i], slot))
+            if k is not None and v is not None:  # not written by the fused kernel
+                cache.k[i].index_copy_(2, slot, k[:, :, None])
+                cache.v[i].index_copy_(2, slot, v[:, :, None])
+            q = q.reshape(rows, self.kv_heads, group, self.head_dim)
+            kc, vc = cache.k[i, :, :, :slots], cache.v[i, :, :, :slots]
+            if self.ops.decode_attention is not None and self.decode_sdpa is None:
+                attn = self.ops.decode_attention(q, kc, vc, bias)
+            else:
+                with self._decode_backend():
+                    attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
+            x = lora_linear(
+                attn.reshape(rows, self.q_out), w.o, None, _group(lora, i, "o"), residual=x
+            )
+            x = self._mlp(i, w, x, lora)
+        return x

@@ -1,0 +1,54 @@
+"""The fast path's view of an HF model's weights: what it supports, and fused projections."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from evolm.server.multilora import MultiLoraLinear
+
+
+def base_linear(module: nn.Module) -> nn.Linear:
+    return module.base if isinstance(module, MultiLoraLinear) else module  # type: ignore[return-value]
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the fast path cannot run ``model`` (None: it can)."""
+    cfg = model.config
+    if cfg.model_type not in ("qwen2", "llama"):
+        return f"model_type {cfg.model_type!r} (supported: qwen2, llama)"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") in ("dynamic", "longrope"):
+        return f"position-dependent RoPE {rope['rope_type']!r}"
+    layer = model.model.layers[0]
+    if base_linear(layer.self_attn.o_proj).bias is not None:
+        return "o_proj bias"
+    if any(base_linear(getattr(layer.mlp, m)).bias is not None for m in ("gate_proj", "down_proj")):
+        return "MLP bias"
+    return None
+
+
+def fuse(modules: list[nn.Module]) -> tuple[Tensor, Tensor | None]:
+    """One weight (and bias) buffer for ``modules``; their parameters become views of it."""
+    linears = [base_linear(m) for m in modules]
+    cached = getattr(modules[0], "_evolm_fused", None)
+    if cached is not None and cached[0][: linears[0].out_features].data_ptr() == (
+        linears[0].weight.data_ptr()
+    ):
+        return cached
+    weight = torch.cat([lin.weight.data for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None if biases[0] is None else torch.cat([b.data for b in biases])  # type: ignore[union-attr]
+    off = 0
+    for lin in linears:
+        n = lin.out_features
+        lin.weight.data = weight[off : off + n]
+        if bias is not None:
+            lin.bias.data = bias[off : off + n]
+        off += n
+    modules[0]._evolm_fused = (weight, bias)
+    return weight, bias

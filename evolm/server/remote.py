@@ -1,0 +1,322 @@
+"""Client machinery shared by the persistent multi-LoRA servers (``server=vllm|sglang``).
+
+One ``generate`` call (one step of the engine's generation counter):
+
+1. write every member's adapter in PEFT format under ``/dev/shm/evolm-<pid>/`` (tmpfs; a temp
+   directory where there is none),
+2. load them concurrently under names ``{run}-g{gen:04d}-m{member:03d}``, unique per engine
+   (random ``run``) and call: SGLang silently reloads an unloaded name from its old path, so a
+   name is never reused,
+3. send all prompts of all members in batched requests (the subclass shapes them),
+4. unload the adapters and delete their files, also when a step failed.
+
+``last_timings`` holds the seconds of each phase of the last call: ``write_s``, ``load_s``,
+``build_s`` (request building), ``generate_s`` (server time, as the client sees it),
+``unload_s``, and ``overhead_s`` (everything but ``generate_s``).
+
+Launch or attach: with ``url`` the engine attaches to a running server; otherwise it launches
+one (``python -m <launch_module> ...``) on ``host`` and ``port`` (a free port when null) and
+waits for ``/health``. A server that stops answering (connection errors or timeouts after
+``retries`` attempts with backoff) is restarted when evolm launched it, and the whole call is
+re-run under fresh names; an attached server cannot be restarted, so that is an error.
+``close()`` unloads, deletes the adapter files and stops a launched server unless
+``keep_alive`` (then it logs the URL to attach later runs with ``server.url=...``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from transformers import AutoTokenizer
+
+from evolm.errors import ConfigError
+from evolm.lora.layout import LoraLayout, LoraPopulation
+from evolm.lora.peft_io import save_adapter
+from evolm.server.connection import Server, ServerDown, ServerError, ServerProcess, free_port
+from evolm.server.staging import adapter_root
+from evolm.task.base import Sampling
+
+__all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError"]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request of a generation: ``POST path`` with a JSON ``payload``."""
+
+    path: str
+    payload: dict[str, Any]
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], key: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[key] += time.perf_counter() - start
+
+
+class RemoteEngine:
+    """Base of the vLLM and SGLang engines (:mod:`evolm.server.vllm`, :mod:`evolm.server.sglang`).
+
+    Subclasses set ``kind``, validate their own arguments, then call ``__init__`` here, and
+    implement ``launch_args``, ``launch_env``, ``check_server``, ``load``, ``unload``,
+    ``build_calls`` and ``parse``. Argument meanings are documented on the subclasses.
+    """
+
+    kind: ClassVar[str] = "remote"
+    concurrent_calls: ClassVar[bool] = True  # may the calls of one generation run in parallel
+
+    def __init__(
+        self,
+        model_path: str,
+        layout: LoraLayout,
+        url: str | None,
+        host: str,
+        port: int | None,
+        python: str | None,
+        launch_module: str,
+        extra_args: Sequence[str],
+        cuda_devices: str | None,
+        keep_alive: bool,
+        startup_timeout_s: float,
+        request_timeout_s: float,
+        retries: int,
+        restarts: int,
+        self_test: bool,
+        max_workers: int,
+    ) -> None:
+        self.model_path, self.layout = model_path, layout
+        self.host, self.port, self.keep_alive = host, port, keep_alive
+        self.python = python or sys.executable
+        if shutil.which(self.python) is None:
+            raise ConfigError("python", f"{self.python!r} is not an executable", "name one")
+        self.launch_module, self.extra_args = launch_module, list(extra_args)
+        self.cuda_devices = cuda_devices
+        self.startup_timeout_s, self.request_timeout_s = startup_timeout_s, request_timeout_s
+        self.retries, self.restarts = max(0, retries), max(0, restarts)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.run = secrets.token_hex(3)
+        self.generation = 0
+        self.adapter_dir = adapter_root(self.run)
+        self.last_timings: dict[str, float] = {}
+        self.startup_s: float | None = None  # seconds the last launch took to become healthy
+        self.pool = ThreadPoolExecutor(max(1, max_workers), thread_name_prefix=f"evolm-{self.kind}")
+        self.server = Server(self.kind, request_timeout_s, self.retries, max_workers)
+        self._closed = False
+        atexit.register(self.close)
+        try:
+            self.server.attach(url) if url is not None else self._launch()
+            self.check_server()
+            if self_test:
+                self.self_test()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- subclass hooks ------------------------------------------------------------------
+    def launch_args(self, host: str, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def launch_env(self) -> dict[str, str]:
+        return {}
+
+    def check_server(self) -> None:
+        """Validate the running server against the config (raise ConfigError naming the flag)."""
+
+    def load(self, name: str, path: str) -> None:
+        raise NotImplementedError
+
+    def unload(self, name: str) -> None:
+        raise NotImplementedError
+
+    def build_calls(
+        self, prompts: list[str], names: list[str | None], sampling: Sampling, seed: int
+    ) -> list[Call]:
+        raise NotImplementedError
+
+    def parse(self, answers: list[Any], members: int, prompts: int) -> list[list[str]]:
+        raise NotImplementedError
+
+    # -- the server ----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def process(self) -> ServerProcess | None:
+        """The server process when evolm launched it (None when attached)."""
+        return self.server.process
+
+    def _launch(self) -> None:
+        port = self.port or free_port(self.host)
+        cmd = [self.python, "-m", self.launch_module, *self.launch_args(self.host, port)]
+        env = {**os.environ, **self.launch_env()}
+        if self.cuda_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.cuda_devices)
+        log_path = Path(tempfile.gettempdir()) / f"evolm-{self.kind}-{port}-{self.run}.log"
+        url = f"http://{self.host}:{port}"
+        cmd += self.extra_args
+        timeout = self.startup_timeout_s
+        self.startup_s = self.server.launch(cmd, env, url, log_path, timeout, self.keep_alive)
+
+    def _restart(self, reason: str) -> None:
+        assert self.process is not None
+        log.warning(
+            "the %s server at %s is down (%s); restarting it and re-running the generation. "
+            "Log tail:\n%s",
+            self.kind,
+            self.url,
+            reason,
+            self.process.tail(15),
+        )
+        self._launch()
+        self.check_server()
+
+    def close(self) -> None:
+        """Delete adapter files; stop a launched server unless ``keep_alive``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self.adapter_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the per-process folder, once no engine uses it
+            self.adapter_dir.parent.rmdir()
+        self.server.close(self.keep_alive)
+
+    # -- the Engine protocol -------------------------------------------------------------
+    def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        )
+
+    def generate(
+        self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
+    ) -> list[list[str]]:
+        """``out[m][p]``; re-run whole (fresh adapter names) after restarting a dead server."""
+        for restart in range(self.restarts + 1):
+            if self.process is not None and not self.process.alive():
+                self._restart(f"its process exited with code {self.process.popen.returncode}")
+            try:
+                return self._generate_once(list(prompts), adapters, sampling, seed)
+            except ServerDown as e:
+                if self.process is None:
+                    raise ServerDown(
+                        f"{e}. evolm attached to it (server.url) and cannot restart it: restart "
+                        "it by hand, or set server.url=null to let evolm launch (and restart) one"
+                    ) from e
+                if restart == self.restarts:
+                    raise
+                self._restart(str(e))
+        raise AssertionError("unreachable")
+
+    def _generate_once(
+        self, prompts: list[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
+    ) -> list[list[str]]:
+        self.generation += 1
+        keys = ("write_s", "load_s", "build_s", "generate_s", "unload_s")
+        t = dict.fromkeys(keys, 0.0)
+        folder = self.adapter_dir / f"g{self.generation:04d}"
+        names: list[str | None] = [None]
+        server_up = True
+        try:
+            if adapters is not None:
+                names = [
+                    f"{self.run}-g{self.generation:04d}-m{m:03d}" for m in range(len(adapters))
+                ]
+                with timed(t, "write_s"):
+                    paths = self._map(
+                        self._write, [(folder, adapters, m) for m in range(len(adapters))]
+                    )
+                with timed(t, "load_s"):
+                    self._map(self.load, list(zip(names, paths, strict=True)))
+            with timed(t, "build_s"):
+                calls = self.build_calls(prompts, names, sampling, seed)
+            with timed(t, "generate_s"):
+                answers = self._send(calls)
+            return self.parse(answers, len(names), len(prompts))
+        except ServerDown:
+            server_up = False  # dead or hung: nothing to unload there (a restart forgets all)
+            raise
+        finally:
+            with timed(t, "unload_s"):
+                self._unload_all([n for n in names if n is not None and server_up])
+            shutil.rmtree(folder, ignore_errors=True)
+            t["overhead_s"] = sum(t[k] for k in keys if k != "generate_s")
+            self.last_timings = t
+
+    def _write(self, folder: Path, adapters: LoraPopulation, member: int) -> str:
+        path = folder / f"m{member:03d}"
+        return str(save_adapter(path, self.layout, adapters.member(member), self.model_path))
+
+    def _send(self, calls: list[Call]) -> list[Any]:
+        post = lambda c: self.server.request("POST", c.path, c.payload).json()  # noqa: E731
+        if self.concurrent_calls:
+            return self._map(post, [(c,) for c in calls])
+        return [post(c) for c in calls]
+
+    def _map(self, fn: Callable[..., Any], args: list[tuple[Any, ...]]) -> list[Any]:
+        """Run ``fn(*a)`` for every ``a`` on the pool; wait for all, then raise the first error.
+
+        Futures are awaited one by one (not ``concurrent.futures.wait``, which holds every
+        future's lock at once: a Ctrl-C or SIGTERM landing there could leave them locked)."""
+        futures = [self.pool.submit(fn, *a) for a in args]
+        results, errors = [], []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+        return results
+
+    def _unload_all(self, names: list[str]) -> None:
+        """Unload every name once, best effort (a failed load or a dead server is expected)."""
+
+        def unload(name: str) -> None:
+            try:
+                self.unload(name)
+            except ServerError as e:  # 400/404: its load had failed
+                level = logging.DEBUG if e.status in (400, 404) else logging.WARNING
+                log.log(level, "unload %s: %s", name, e)
+            except ServerDown as e:
+                log.warning("unload %s: %s", name, e)
+
+        self._map(unload, [(n,) for n in names])
+
+    def self_test(self) -> None:
+        """A large random adapter must change greedy outputs; else the server ignores weights."""
+        gen = torch.Generator().manual_seed(20240917)
+        tensors = [
+            torch.randn(shape, generator=gen) / (math.sqrt(shape[1]) if i % 2 == 0 else 1.0)
+            for i, shape in enumerate(self.layout.shapes())
+        ]
+        prompts = ["Hello", "1, 2, 3,", self.format_chat([{"role": "user", "content": "Hi!"}])]
+        sampling = Sampling(max_new_tokens=8)
+        base = self.generate(prompts, None, sampling, seed=0)[0]
+        tuned = self.generate(prompts, LoraPopulation.single(self.layout, tensors), sampling, 0)[0]
+        if base == tuned:
+            raise RuntimeError(
+                f"self-test failed: the {self.kind} server at {self.url} gave the base model's "
+                f"outputs {base!r} for a large random adapter, so it ignores adapter weights "
+                "(LoRA disabled, or target modules it does not match). Check its LoRA flags"
+            )
+        log.info("self-test passed: the %s server applies adapter weights", self.kind)

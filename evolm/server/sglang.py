@@ -1,0 +1,234 @@
+"""``server=sglang``: an SGLang server with dynamic LoRA loading (GPU only).
+
+Launch: ``python -m sglang.launch_server --model-path M --host H --port P --enable-lora
+--max-lora-rank R --lora-target-modules ... --max-loras-per-batch K`` (+ the attention and
+sampling backends that the FA3-less GPU bundle needs, + ``extra_args``). Adapters:
+``/load_lora_adapter`` ``{lora_name, lora_path}`` and ``/unload_lora_adapter``. Generation: ONE
+``/generate`` with ``text: [...]`` and ``lora_path: [name per prompt]`` (``null`` = base) per
+``K - 1`` members (the base model keeps one of the K slots), sent one after another.
+
+At start the server's arguments (``/server_info``, or ``/get_server_info`` before 0.5.x) must fit
+the config: ``max_lora_rank >= lora.rank``, lora target modules ⊆ the server's, and at least
+``server.max_loras_per_batch`` slots; each failure names the server flag to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from evolm.errors import ConfigError
+from evolm.lora.layout import LoraLayout
+from evolm.server.remote import Call, RemoteEngine, ServerError
+from evolm.task.base import Sampling
+
+log = logging.getLogger(__name__)
+
+
+class SGLangEngine(RemoteEngine):
+    """Evaluates populations on an SGLang server (launched, or attached with ``url``).
+
+    Args (beyond :class:`~evolm.server.vllm.VLLMEngine`'s shared ones):
+        launch_module: ``sglang.launch_server``; ``evolm.server.sglang_standin`` runs the
+            CPU stand-in that enforces SGLang's HTTP contract (tests).
+        max_lora_rank: ``--max-lora-rank`` (``None``: lora.rank). Fixed for the server's life:
+            for a sweep over ranks, launch with the largest.
+        lora_target_modules: ``--lora-target-modules`` (``None``: lora.target_modules).
+        max_loras_per_batch: ``--max-loras-per-batch``, adapter slots; the base model takes one,
+            so a population of N runs in one request with >= N + 1, else in waves.
+        dtype: ``--dtype``.
+        attention_backend, sampling_backend: ``--attention-backend``/``--sampling-backend``
+            (``None``: SGLang's default); the GPU bundle without FA3 needs triton / pytorch.
+    """
+
+    kind = "sglang"
+    concurrent_calls = False  # the waves of one generation share the server's slots
+
+    def __init__(
+        self,
+        model_path: str,
+        layout: LoraLayout,
+        url: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        python: str | None = None,
+        launch_module: str = "sglang.launch_server",
+        extra_args: Sequence[str] = (),
+        cuda_devices: str | None = None,
+        keep_alive: bool = False,
+        startup_timeout_s: float = 900.0,
+        request_timeout_s: float = 600.0,
+        retries: int = 3,
+        restarts: int = 2,
+        self_test: bool = True,
+        max_workers: int = 16,
+        max_lora_rank: int | None = None,
+        lora_target_modules: Sequence[str] | None = None,
+        max_loras_per_batch: int = 8,
+        dtype: str = "auto",
+        attention_backend: str | None = "triton",
+        sampling_backend: str | None = "pytorch",
+    ) -> None:
+        self.max_lora_rank = layout.rank if max_lora_rank is None else max_lora_rank
+        self.lora_target_modules = list(lora_target_modules or layout.target_modules)
+        self.max_loras_per_batch = max_loras_per_batch
+        self.dtype, self.backends = dtype, (attention_backend, sampling_backend)
+        self.slots = max_loras_per_batch
+        self.layout, self._warned = layout, False
+        self._check_fit(self.max_lora_rank, self.lora_target_modules, max_loras_per_batch)
+        super().__init__(
+            model_path,
+            layout,
+            url=url,
+            host=host,
+            port=port,
+            python=python,
+            launch_module=launch_module,
+            extra_args=extra_args,
+            cuda_devices=cuda_devices,
+            keep_alive=keep_alive,
+            startup_timeout_s=startup_timeout_s,
+            request_timeout_s=request_timeout_s,
+            retries=retries,
+            restarts=restarts,
+            self_test=self_test,
+            max_workers=max_workers,
+        )
+
+    def _check_fit(
+        self, rank: int, modules: Sequence[str], slots: int, server: str | None = None
+    ) -> None:
+        """ConfigError naming the flag if a server with these args cannot serve the config.
+
+        ``server=None`` checks the launch config; else the URL of the running server.
+        """
+
+        def fail(key: str, flag: str, have: object, problem: str, hint: str) -> None:
+            if server is None:
+                raise ConfigError(key, f"server.{key}={have}: {problem}", f"set it {hint}")
+            raise ConfigError(
+                key,
+                f"the SGLang server at {server} runs {flag} {have}: {problem}",
+                f"restart it with {flag} {hint} (launchers/sglang_server.sh), or attach to another",
+            )
+
+        need_rank, need_modules = self.layout.rank, self.layout.target_modules
+        if rank < need_rank:
+            fail(
+                "max_lora_rank",
+                "--max-lora-rank",
+                rank,
+                f"below lora.rank={need_rank}",
+                f">= {need_rank}",
+            )
+        missing = sorted(set(need_modules) - set(modules))
+        if missing and "all" not in modules:
+            fail(
+                "lora_target_modules",
+                "--lora-target-modules",
+                list(modules),
+                f"lacks {missing} of lora.target_modules",
+                f"including {' '.join(need_modules)}",
+            )
+        need_slots = max(2, self.max_loras_per_batch)
+        if slots < need_slots:
+            fail(
+                "max_loras_per_batch",
+                "--max-loras-per-batch",
+                slots,
+                "too few adapter slots (the base model takes one; server.max_loras_per_batch="
+                f"{self.max_loras_per_batch} asked for)",
+                f">= {need_slots} (population size + 1 runs a population in one batch)",
+            )
+
+    def launch_args(self, host: str, port: int) -> list[str]:
+        args = [
+            *("--model-path", self.model_path, "--host", host, "--port", str(port)),
+            *("--enable-lora", "--max-lora-rank", str(self.max_lora_rank)),
+            *("--lora-target-modules", *self.lora_target_modules),
+            *("--max-loras-per-batch", str(self.max_loras_per_batch), "--dtype", self.dtype),
+        ]
+        for flag, value in zip(
+            ("--attention-backend", "--sampling-backend"), self.backends, strict=True
+        ):
+            if value is not None:
+                args += [flag, value]
+        return args
+
+    def server_args(self) -> dict[str, Any]:
+        """The server's launch arguments (``/server_info``; ``/get_server_info`` on older ones)."""
+        try:
+            return self.server.request("GET", "/server_info").json()
+        except ServerError as e:
+            if e.status != 404:
+                raise
+        try:
+            return self.server.request("GET", "/get_server_info").json()
+        except ServerError as e:
+            raise ConfigError(
+                "url", f"{self.url} is not an SGLang server ({e})", "point server.url at one"
+            ) from None
+
+    def check_server(self) -> None:
+        info = self.server_args()
+        if not info.get("enable_lora") and not info.get("lora_paths"):
+            raise ConfigError(
+                "url",
+                f"the SGLang server at {self.url} has LoRA disabled",
+                "restart it with --enable-lora (launchers/sglang_server.sh)",
+            )
+        rank = int(info.get("max_lora_rank") or 0)
+        modules = list(info.get("lora_target_modules") or [])
+        slots = int(info.get("max_loras_per_batch") or 0)
+        self._check_fit(rank, modules, slots, server=self.url)
+        self.slots = slots
+
+    def load(self, name: str, path: str) -> None:
+        try:
+            self.server.request(
+                "POST", "/load_lora_adapter", {"lora_name": name, "lora_path": path}
+            )
+        except ServerError as e:
+            raise RuntimeError(f"SGLang could not load adapter {name} from {path}: {e}") from e
+
+    def unload(self, name: str) -> None:
+        self.server.request(
+            "POST", "/unload_lora_adapter", {"lora_name": name}, attempts=1, timeout=60
+        )
+
+    def build_calls(
+        self, prompts: list[str], names: list[str | None], sampling: Sampling, seed: int
+    ) -> list[Call]:
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+        if sampling.temperature > 0:
+            params["sampling_seed"] = seed
+        per = self.slots - 1
+        if len(names) > per and not self._warned:
+            self._warned = True
+            log.warning(
+                "%d members need %d adapter slots; the server has %d: running %d waves. "
+                "Restart it with --max-loras-per-batch %d for one batch",
+                *(len(names), len(names) + 1, self.slots, -(-len(names) // per), len(names) + 1),
+            )
+        return [
+            Call(
+                "/generate",
+                {
+                    "text": prompts * len(chunk),
+                    "lora_path": [name for name in chunk for _ in prompts],
+                    "sampling_params": params,
+                },
+            )
+            for chunk in (names[i : i + per] for i in range(0, len(names), per))
+        ]
+
+    def parse(self, answers: list[Any], members: int, prompts: int) -> list[list[str]]:
+        texts = [row["text"] for answer in answers for row in answer]
+        if len(texts) != members * prompts:
+            raise RuntimeError(f"SGLang returned {len(texts)} texts for {members * prompts}")
+        return [texts[m * prompts : (m + 1) * prompts] for m in range(members)]

@@ -1,0 +1,201 @@
+"""``server=vllm``: a vLLM OpenAI server with runtime LoRA loading.
+
+Launch: ``python -m vllm.entrypoints.openai.api_server --model M --enable-lora --max-lora-rank R
+--max-loras K --max-model-len L --dtype D`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
+(``vllm serve`` fails in the CPU package). Adapters: ``/v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter``. Generation: one ``/v1/completions`` request per member holding all
+prompts (``prompt: [...]``, ``model: <adapter name>``; the base model by its served name), the
+requests sent in parallel threads. Greedy is ``temperature: 0``; every member gets the same
+``seed`` (common random numbers when sampling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from evolm.errors import ConfigError
+from evolm.lora.layout import LoraLayout
+from evolm.server.remote import Call, RemoteEngine, ServerError
+from evolm.task.base import Sampling
+
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int, max_lora_rank: int | None) -> int:
+    """vLLM's ``--max-lora-rank``: the given one, checked, or the smallest valid >= ``rank``."""
+    if max_lora_rank is None:
+        fits = [r for r in VLLM_RANKS if r >= rank]
+        if not fits:
+            raise ConfigError(
+                "max_lora_rank", f"lora.rank={rank} exceeds vLLM's largest rank 512", "lower it"
+            )
+        return fits[0]
+    if max_lora_rank not in VLLM_RANKS:
+        raise ConfigError(
+            "max_lora_rank",
+            f"vLLM accepts only {list(VLLM_RANKS)}, got {max_lora_rank}",
+            "pick one of them, or null for the smallest that fits lora.rank",
+        )
+    if max_lora_rank < rank:
+        raise ConfigError(
+            "max_lora_rank",
+            f"{max_lora_rank} is below lora.rank={rank}",
+            "raise it (or null for the smallest valid rank >= lora.rank)",
+        )
+    return max_lora_rank
+
+
+class VLLMEngine(RemoteEngine):
+    """Evaluates populations on a vLLM server (launched, or attached with ``url``).
+
+    Args:
+        model_path, layout: completed by the composition root.
+        url: attach to this running server (``http://host:port``); ``None`` launches one.
+        host, port: where a launched server listens (``port=None``: a free port).
+        python: the server's interpreter (``None``: this one), e.g. ``.venv-vllm/bin/python``.
+        launch_module: the server's module (``python -m <launch_module>``).
+        extra_args: more server flags, e.g. ``[--kv-cache-memory-bytes, 1073741824]``.
+        cuda_devices: ``CUDA_VISIBLE_DEVICES`` of a launched server (``None``: inherited).
+        keep_alive: leave a launched server running after ``close()`` (attach later runs).
+        startup_timeout_s: how long a launched server may take to answer ``/health``.
+        request_timeout_s: per HTTP request; a request that times out counts as a failure.
+        retries: extra attempts (with backoff) after a connection error or timeout.
+        restarts: how often one ``generate`` call may restart a dead launched server.
+        self_test: at start, prove that a random adapter changes the outputs.
+        max_workers: threads for writing, loading, unloading and parallel requests.
+        max_lora_rank: ``--max-lora-rank`` (``None``: the smallest valid rank >= lora.rank).
+        max_loras: ``--max-loras``, adapters in one batch (more members queue).
+        max_model_len: ``--max-model-len``.
+        dtype: ``--dtype`` (``float32`` for outputs equal to the local engine's).
+    """
+
+    kind = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        layout: LoraLayout,
+        url: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        python: str | None = None,
+        launch_module: str = "vllm.entrypoints.openai.api_server",
+        extra_args: Sequence[str] = (),
+        cuda_devices: str | None = None,
+        keep_alive: bool = False,
+        startup_timeout_s: float = 900.0,
+        request_timeout_s: float = 600.0,
+        retries: int = 3,
+        restarts: int = 2,
+        self_test: bool = True,
+        max_workers: int = 16,
+        max_lora_rank: int | None = None,
+        max_loras: int = 8,
+        max_model_len: int = 4096,
+        dtype: str = "auto",
+    ) -> None:
+        self.max_lora_rank = vllm_max_lora_rank(layout.rank, max_lora_rank)
+        if max_loras < 1:
+            raise ConfigError("max_loras", f"must be >= 1, got {max_loras}", "e.g. 8")
+        self.max_loras, self.max_model_len, self.dtype = max_loras, max_model_len, dtype
+        self.served_model = model_path
+        super().__init__(
+            model_path,
+            layout,
+            url=url,
+            host=host,
+            port=port,
+            python=python,
+            launch_module=launch_module,
+            extra_args=extra_args,
+            cuda_devices=cuda_devices,
+            keep_alive=keep_alive,
+            startup_timeout_s=startup_timeout_s,
+            request_timeout_s=request_timeout_s,
+            retries=retries,
+            restarts=restarts,
+            self_test=self_test,
+            max_workers=max_workers,
+        )
+
+    def launch_args(self, host: str, port: int) -> list[str]:
+        return [
+            *("--model", self.model_path, "--host", host, "--port", str(port), "--enable-lora"),
+            *("--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)),
+            *("--max-model-len", str(self.max_model_len), "--dtype", self.dtype),
+        ]
+
+    def launch_env(self) -> dict[str, str]:
+        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+    def check_server(self) -> None:
+        """Find the served base model's name (adapters are listed with a ``parent``)."""
+        try:
+            models = self.server.request("GET", "/v1/models").json()["data"]
+        except (ServerError, KeyError, ValueError) as e:
+            raise ConfigError(
+                "url", f"{self.url} is not a vLLM OpenAI server ({e})", "point server.url at one"
+            ) from None
+        base = [m["id"] for m in models if m.get("parent") is None]
+        if not base:
+            raise ConfigError("url", f"{self.url} serves no base model", "check server.url")
+        self.served_model = base[0]
+
+    def load(self, name: str, path: str) -> None:
+        try:
+            self.server.request(
+                "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}
+            )
+        except ServerError as e:
+            raise self._explain(e) from e
+
+    def unload(self, name: str) -> None:
+        self.server.request(
+            "POST", "/v1/unload_lora_adapter", {"lora_name": name}, attempts=1, timeout=60
+        )
+
+    def _explain(self, e: ServerError) -> Exception:
+        """Turn a failed adapter load into an error that names the server flag to change."""
+        body = e.body.lower()
+        restart = f"restart the vLLM server at {self.url} (launchers/vllm_server.sh sets it)"
+        if e.status == 404 and "lora" not in body:
+            return ConfigError(
+                "url",
+                "the server has no runtime LoRA loading (/v1/load_lora_adapter is 404)",
+                f"{restart} with env VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+            )
+        if "enable-lora" in body or "lora is not enabled" in body:
+            return ConfigError(
+                "url", "the server has LoRA disabled", f"{restart} with --enable-lora"
+            )
+        if "max_lora_rank" in body or "max-lora-rank" in body:
+            return ConfigError(
+                "max_lora_rank",
+                f"the server's --max-lora-rank is below lora.rank={self.layout.rank} ({e.body})",
+                f"{restart} with --max-lora-rank {vllm_max_lora_rank(self.layout.rank, None)}",
+            )
+        return e
+
+    def build_calls(
+        self, prompts: list[str], names: list[str | None], sampling: Sampling, seed: int
+    ) -> list[Call]:
+        body = {
+            "prompt": prompts,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": seed,
+        }
+        return [
+            Call("/v1/completions", {"model": name or self.served_model, **body}) for name in names
+        ]
+
+    def parse(self, answers: list[Any], members: int, prompts: int) -> list[list[str]]:
+        out = []
+        for answer in answers:
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            if len(choices) != prompts:
+                raise RuntimeError(f"vLLM returned {len(choices)} completions for {prompts}")
+            out.append([c["text"] for c in choices])
+        return out

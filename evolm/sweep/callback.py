@@ -1,0 +1,205 @@
+"""The sweep's Hydra callback (``hydra.callbacks.sweep`` in ``conf/hparams_search/es_optuna.yaml``).
+
+Runs in the sweeping process, around the trials:
+
+- start: checks the search space against the server (a persistent server's
+  ``max_lora_rank`` must cover every rank searched: else the sweep ends before any trial),
+  creates the folders of sqlite URLs, opens the study's MLflow parent run
+  (:mod:`evolm.tracking.sweep`) and exports its id and store to the trials' MLflow logger
+  (``MLFLOW_PARENT_RUN_ID``, ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``);
+- after each trial: the best trial so far onto the parent;
+- end: the final best from the study, and how many engines the sweep started (one, unless the
+  ``server`` node changed between trials).
+
+Hydra turns an exception raised in a callback into a warning, so a bad configuration ends the
+sweep here with ``SystemExit(2)``, and tracking errors are logged, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from evolm.errors import ConfigError
+from evolm.sweep.study import Finished, summarize
+
+log = logging.getLogger(__name__)
+
+
+def search_space(config: DictConfig) -> dict[str, str]:
+    """``key -> expression`` as the Optuna sweeper sees it: ``hydra.sweeper.params`` then the
+    command line's overrides (a later one wins; a plain value fixes the key)."""
+    entries = [f"{k}={v}" for k, v in (config.hydra.sweeper.params or {}).items()]
+    entries += list(config.hydra.overrides.task)
+    space: dict[str, str] = {}
+    for entry, o in zip(entries, OverridesParser.create().parse_overrides(entries), strict=True):
+        if not o.is_delete():
+            space[o.get_key_element()] = entry.split("=", 1)[1].strip()
+    return space
+
+
+def candidate_values(expression: str) -> list[Any]:
+    """The values a sweep expression can take (for intervals: its ends)."""
+    [o] = OverridesParser.create().parse_overrides([f"x={expression}"])
+    if not o.is_sweep_override():
+        return [o.value()]
+    if o.is_interval_sweep():
+        return [o.value().start, o.value().end]  # type: ignore[union-attr]
+    return list(o.sweep_iterator())
+
+
+def check_rank_cover(config: DictConfig, space: dict[str, str]) -> None:
+    """A persistent server fixes ``--max-lora-rank`` at start: it must cover every rank."""
+    server = config.server
+    if "max_lora_rank" not in server or "lora.rank" not in space:
+        return
+    ranks = [int(r) for r in candidate_values(space["lora.rank"])]
+    have, top = server.max_lora_rank, max(ranks)
+    if (have is None and len(set(ranks)) > 1) or (have is not None and have < top):
+        raise ConfigError(
+            "server.max_lora_rank",
+            f"is {have}, but the sweep searches lora.rank up to {top} and the server's "
+            "--max-lora-rank is fixed when it starts",
+            f"set server.max_lora_rank={top} (the largest rank searched)",
+        )
+
+
+def ensure_sqlite_dir(url: str | None) -> None:
+    """sqlite cannot create the folder of its file: create it (``sqlite:///outputs/x.db``)."""
+    if url and url.startswith("sqlite:///") and ":memory:" not in url:
+        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def parse_value(text: str) -> Any:
+    value = OverridesParser.create().parse_overrides([f"x={text}"])[0].value()
+    return value if isinstance(value, int | float | str | bool) else text
+
+
+class SweepCallback(Callback):
+    """Hydra callback of ``hparams_search=es_optuna`` (see the module docstring).
+
+    Args:
+        tracking_uri: the MLflow store (``null``: no parent run; MLflow stays off).
+        experiment_name: the MLflow experiment of the parent and of the trials.
+        artifact_location: of a new experiment (null: as the MLflow logger does).
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None,
+        experiment_name: str = "evolm",
+        artifact_location: str | None = None,
+    ) -> None:
+        self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
+        self.artifact_location = artifact_location
+        self.parent: Any = None  # evolm.tracking.sweep.SweepRun (mlflow imports lazily)
+        self.space: dict[str, str] = {}
+        self.own: list[Finished] = []  # the trials this process ran
+
+    # -- Hydra hooks -----------------------------------------------------------------------
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweeper = config.hydra.sweeper
+        self.space = search_space(config)
+        try:  # Hydra turns a callback's exception into a warning: end the sweep here
+            check_rank_cover(config, self.space)
+            if self.tracking_uri is not None and sweeper.get("study_name") is None:
+                raise ConfigError(
+                    "hydra.sweeper.study_name",
+                    "is null: the study and its MLflow parent run are found by name",
+                    "name it, e.g. hydra.sweeper.study_name=my_sweep",
+                )
+        except ConfigError as e:
+            log.error("bad configuration: %s", e)
+            raise SystemExit(2) from None
+        ensure_sqlite_dir(sweeper.get("storage"))
+        if self.tracking_uri is None:
+            return
+        from evolm.tracking.sweep import PARENT_ENV, SweepRun
+
+        ensure_sqlite_dir(self.tracking_uri)
+        self.parent = SweepRun(
+            self.tracking_uri,
+            self.experiment_name,
+            sweeper.study_name,
+            sweeper.storage,
+            self.artifact_location,
+        )
+        os.environ[PARENT_ENV] = self.parent.run_id
+        os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = self.experiment_name
+        sampler = sweeper.sampler
+        settings = {
+            "direction": sweeper.direction,
+            "sampler": sampler.get("_target_"),
+            "seed": config.seed,  # the sampler's seed derives from it (resolving it reads the DB)
+            "n_trials": sweeper.n_trials,
+            "dir": config.hydra.sweep.dir,
+        }
+        sweeps = {k: v for k, v in self.space.items() if _is_sweep(v)}
+        self.parent.record_search(sweeps, settings)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        value = None
+        if job_return.status is JobStatus.COMPLETED:
+            value = _finite(job_return._return_value)  # NaN: optuna records a failure
+        done = Finished(self._params(job_return.overrides or ()), value)
+        self.own.append(done)
+        self._update(config, pending=done)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from evolm.server.local import LocalEngine
+        from evolm.server.pool import POOL
+
+        log.info(
+            "engine pool: %d engine(s) started, reused by %d trial(s); LocalEngine.loads=%d",
+            POOL.started,
+            POOL.reused,
+            LocalEngine.loads,
+        )
+        if self.own and all(f.value is None for f in self.own):
+            log.error(
+                "all %d trials of this sweep failed: their errors are in %s/<trial>/*.log",
+                len(self.own),
+                config.hydra.sweep.dir,
+            )
+        self._update(config, pending=None)
+        if self.parent is not None:
+            self.parent.finish()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _params(self, overrides: Sequence[str]) -> dict[str, Any]:
+        keys = {k for k, v in self.space.items() if _is_sweep(v)}
+        pairs = (o.split("=", 1) for o in overrides if "=" in o)
+        return {k: parse_value(v) for k, v in pairs if k in keys}
+
+    def _update(self, config: DictConfig, pending: Finished | None) -> None:
+        """The best trial so far onto the parent run (best effort: never ends a sweep)."""
+        if self.parent is None:
+            return
+        try:
+            best, complete, failed = summarize(config.hydra.sweeper, self.own, pending)
+            self.parent.record_best(best, complete, failed)
+        except Exception as e:
+            log.warning("could not update the sweep's MLflow parent run: %s", e)
+
+
+def _is_sweep(expression: str) -> bool:
+    [o] = OverridesParser.create().parse_overrides([f"x={expression}"])
+    return o.is_sweep_override()
+
+
+def _finite(value: object) -> float | None:
+    try:
+        value = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None

@@ -1,0 +1,112 @@
+"""The best trial of a sweep so far, from the Optuna study and the trial that just ended."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from omegaconf import DictConfig
+from optuna.trial import FrozenTrial, TrialState
+
+from evolm.tracking.sweep import Best
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A trial that ended in this process: its sampled params and value (None: failed)."""
+
+    params: dict[str, Any]
+    value: float | None
+
+
+def maximizing(sweeper: DictConfig) -> bool:
+    """The (first) direction is maximize (a string, or the sweeper's Direction enum)."""
+    direction = sweeper.direction
+    if not isinstance(direction, str) and isinstance(direction, Sequence):
+        direction = direction[0]
+    return str(direction).endswith("maximize")
+
+
+def load_study(sweeper: DictConfig) -> optuna.Study | None:
+    """The sweep's study (None: in-memory storage, only the sweeping process knows it)."""
+    if sweeper.storage is None:
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=sweeper.study_name, storage=sweeper.storage)
+
+
+def resume_seed(seed: int, trials: int, worker: int = 0) -> int:
+    """The sampler seed of worker ``worker`` of a sweep whose study holds ``trials`` trials:
+    ``seed`` itself for worker 0 of a new study, else an independent 32-bit seed drawn from
+    ``(seed, trials, worker)``. Optuna's seeded samplers restart their random stream in every
+    process, so a resumed study (or a second worker) would otherwise repeat the first trials'
+    parameters exactly."""
+    if trials == 0 and worker == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, trials, worker]).generate_state(1)[0])
+
+
+def sweep_seed(seed: int, worker: int = 0) -> int:
+    """The ``${evolm_sweep_seed:SEED,WORKER}`` resolver, for ``hydra.sweeper.sampler.seed``:
+    :func:`resume_seed` of the sweep being started (its study is read from Hydra's config).
+    An interpolation, not a value written into the config, because Hydra checks that every
+    trial's ``hydra.sweeper`` node equals the sweep's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    trials = count_trials(HydraConfig.get().sweeper) if HydraConfig.initialized() else 0
+    new = resume_seed(int(seed), trials, int(worker))
+    if new != seed:
+        log.info("sampler seed %s -> %d (worker %s, study of %d trials)", seed, new, worker, trials)
+    return new
+
+
+def count_trials(sweeper: DictConfig) -> int:
+    """Trials already in the sweep's study (0: none yet, or in-memory storage)."""
+    if sweeper.storage is None or sweeper.study_name is None:
+        return 0
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    names = optuna.get_all_study_names(storage=sweeper.storage)
+    if sweeper.study_name not in names:
+        return 0
+    return len(load_study(sweeper).get_trials(deepcopy=False))  # type: ignore[union-attr]
+
+
+def summarize(
+    sweeper: DictConfig, own: Sequence[Finished], pending: Finished | None
+) -> tuple[Best | None, int, int]:
+    """``(best, complete, failed)`` over the study's told trials plus ``pending`` (the trial
+    that just ended, not told yet); over ``own`` when the study is in memory."""
+    study = load_study(sweeper)
+    if study is None:
+        candidates = [Best(None, f.value, f.params) for f in own if f.value is not None]
+        failed = sum(f.value is None for f in own)
+        return _pick(candidates, maximizing(sweeper)), len(own) - failed, failed
+    trials = study.get_trials(deepcopy=False)
+    candidates = [_best(t) for t in trials if t.state is TrialState.COMPLETE]
+    complete, failed = len(candidates), sum(t.state is TrialState.FAIL for t in trials)
+    if pending is not None:
+        if pending.value is None:
+            failed += 1
+        else:
+            complete += 1
+            running = [t for t in trials if t.state is TrialState.RUNNING]
+            number = next((t.number for t in running if t.params == pending.params), None)
+            candidates.append(Best(number, pending.value, pending.params))
+    return _pick(candidates, maximizing(sweeper)), complete, failed
+
+
+def _best(trial: FrozenTrial) -> Best:
+    assert trial.value is not None
+    return Best(trial.number, trial.value, dict(trial.params))
+
+
+def _pick(candidates: list[Best], maximize: bool) -> Best | None:
+    if not candidates:
+        return None
+    return (max if maximize else min)(candidates, key=lambda b: b.value)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Parallel Optuna sweep on one machine: N worker processes share ONE study (same storage and
+# study_name), each running TRIALS trials one after another, each with its own engine (the
+# model loads once per worker; with server=sglang|vllm and server.url=..., all workers attach
+# to one running server instead).
+#
+#   launchers/sweep_workers.sh N TRIALS [overrides...]
+#   launchers/sweep_workers.sh 4 10 hydra.sweeper.study_name=big server=sglang \
+#       server.url=http://127.0.0.1:30000 server.max_lora_rank=8
+#
+# Worker i runs with EVOLM_SWEEP_WORKER=i (its sampler seed differs: no two workers draw the
+# same start-up points) and its own sweep dir outputs/multiruns/<stamp>/worker<i>, its output
+# in worker<i>.out there. Exits non-zero if any worker failed.
+#   PYTHON   interpreter with evolm (default: python)
+set -euo pipefail
+N=${1:?usage: $0 N TRIALS [overrides...]}
+TRIALS=${2:?usage: $0 N TRIALS [overrides...]}
+shift 2
+STAMP=$(date +%Y-%m-%d/%H-%M-%S)
+ROOT="outputs/multiruns/$STAMP"
+mkdir -p "$ROOT"
+pids=()
+for ((i = 0; i < N; i++)); do
+  EVOLM_SWEEP_WORKER=$i "${PYTHON:-python}" -m evolm -m hparams_search=es_optuna \
+    hydra.sweeper.n_trials="$TRIALS" hydra.sweep.dir="$ROOT/worker$i" "$@" \
+    >"$ROOT/worker$i.out" 2>&1 &
+  pids+=($!)
+  sleep 2 # let the first worker create the study, the sqlite tables and the MLflow parent
+done
+echo "$N workers, $TRIALS trials each: logs in $ROOT/worker*.out"
+failed=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "worker $i failed: see $ROOT/worker$i.out" >&2
+    failed=1
+  fi
+done
+exit "$failed"

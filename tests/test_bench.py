@@ -1,0 +1,44 @@
+"""Smoke test of the benchmark on the smallest shape (CPU, a few seconds); not a measurement."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from evolm.bench.__main__ import main
+from evolm.bench.roofline import Dims, floor
+from evolm.bench.shapes import shape_config
+
+
+def test_bench_tiny_writes_json_and_markdown(tmp_path) -> None:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    args = ["--shape", "tiny", "--members", "3", "--prompts", "2", "--prompt-len", "8"]
+    args += ["--new-tokens", "4", "--reps", "1", "--baseline-members", "1", "--device", "cpu"]
+    assert main([*args, "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    (record,) = json.loads(out_json.read_text())
+    results = record["results"]
+    assert set(results) == {"evolm", "base", "paper", "paper_fast", "hf_lora"}
+    assert results["evolm"]["tokens"] == 3 * 2 * 4  # forced: every row makes every token
+    assert results["paper"]["members_timed"] == 1
+    assert {"lora_overhead", "paper_over_evolm", "bookkeeping_share"} <= set(record["ratios"])
+    assert record["check"]["argmax_agree"] == 1.0 and record["check"]["max_abs_diff"] < 1e-4
+    assert "(a) evolm local engine" in out_md.read_text()
+
+
+def test_bench_imports_no_hydra() -> None:
+    code = (
+        "import sys, evolm.bench.__main__\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf', 'mlflow')"
+        " or m in ('evolm.config', 'evolm.app')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_roofline_matches_the_reference_floor() -> None:
+    """~3.3 s for the 7B shape, 30 x 32 rows, 64 + 128 tokens at 790 TFLOP/s (environment.md)."""
+    dims = Dims.from_config(shape_config("qwen2.5-7b"))
+    result = floor(dims, 960, 64, 128, 4, 790e12, 4.3e12)
+    assert 3.0 < result["floor_s"] < 3.6
+    assert result["compute_s"] > result["memory_s"]

@@ -1,0 +1,242 @@
+"""The fast path (fused projections, grouped LoRA, static cache, graph decode) == the HF path.
+
+Reference: the transformers model with MultiLoraLinear on every target projection, one forward
+over prompt + forced tokens. Tolerance on CPU fp32: max |logit diff| <= 1e-4 (logits are O(1-10);
+the two paths order the same float32 sums differently, so bit-equality is not expected).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from evolm.bench.shapes import build_model
+from evolm.es import ES
+from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
+from evolm.server.fastlora import FastLora, lora_linear
+from evolm.server.local import LocalEngine
+from evolm.server.multilora import load_population
+from evolm.task.base import Sampling
+
+CPU = torch.device("cpu")
+TOL = 1e-4
+
+
+def population(layout: LoraLayout, members: int, sigma: float = 0.3) -> LoraPopulation:
+    es = ES(population_size=members, sigma=sigma)
+    gen = torch.Generator().manual_seed(5)
+    state = es.init([torch.randn(s, generator=gen) * 0.1 for s in layout.shapes()], seed=2)
+    return LoraPopulation(layout, tuple(es.sample(state, es.ask(state))))
+
+
+def left_padded(rows: int, length: int, vocab: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (rows, length), generator=gen)
+    lengths = torch.randint(2, length + 1, (rows,), generator=gen)
+    lengths[0] = length
+    mask = (torch.arange(length)[None] >= length - lengths[:, None]).long()
+    return ids * mask, mask
+
+
+def hf_reference(
+    engine: LocalEngine, pop: LoraPopulation | None, ids, mask, forced
+) -> torch.Tensor:
+    full = torch.cat([ids, forced], dim=1)
+    fmask = torch.cat([mask, torch.ones_like(forced)], dim=1)
+    load_population(engine.layers, pop, engine.device, engine.dtype)
+    try:
+        with torch.inference_mode():
+            logits = engine.model(
+                input_ids=full,
+                attention_mask=fmask,
+                position_ids=(fmask.cumsum(-1) - 1).clamp(min=0),
+            ).logits
+    finally:
+        load_population(engine.layers, None, engine.device, engine.dtype)
+    return logits[:, ids.shape[1] - 1 :]
+
+
+def check_forced(engine: LocalEngine, pop: LoraPopulation | None, prompts: int = 3) -> float:
+    members = 1 if pop is None else len(pop)
+    vocab = engine.model.config.vocab_size
+    ids, mask = left_padded(prompts, 9, vocab)
+    ids, mask = ids.repeat(members, 1), mask.repeat(members, 1)
+    forced = torch.randint(0, vocab, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
+    assert engine.fast is not None
+    lora = None if pop is None else engine.load_fast_lora(pop)
+    ours = engine.fast.forced_logits(
+        ids.to(engine.device), mask.to(engine.device), lora, forced.to(engine.device)
+    )
+    ref = hf_reference(
+        engine, pop, ids.to(engine.device), mask.to(engine.device), forced.to(engine.device)
+    )
+    return (ours - ref).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def qwen() -> torch.nn.Module:
+    return build_model("tiny", CPU, torch.float32, seed=3)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        LoraSpec(rank=3, alpha=6.0),
+        LoraSpec(rank=2, target_modules=["q_proj", "v_proj", "down_proj"], target_layers=[1]),
+        LoraSpec(rank=1, target_modules=["k_proj", "up_proj", "o_proj"]),
+    ],
+)
+def test_forced_logits_equal_hf_multilora(qwen: torch.nn.Module, spec: LoraSpec) -> None:
+    """Padded prompts, prefill in chunks of one member, then 5 decode steps across a bucket."""
+    layout = LoraLayout.from_hf_config(qwen.config, spec)
+    engine = LocalEngine.from_model(qwen, layout, fast=True)
+    engine.fast.prefill_tokens, engine.fast.bucket = 1, 8  # many chunks; buckets 16, 24
+    assert check_forced(engine, population(layout, 3)) <= TOL
+    assert check_forced(engine, None) <= TOL
+
+
+def test_llama_without_biases_matches_too() -> None:
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    layout = LoraLayout.from_hf_config(cfg, LoraSpec(rank=2))
+    engine = LocalEngine.from_model(model, layout, fast=True)
+    assert check_forced(engine, population(layout, 2)) <= TOL
+
+
+def test_generation_equals_hf_path(qwen: torch.nn.Module) -> None:
+    layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
+    fast = LocalEngine.from_model(qwen, layout, fast=True)
+    ids, mask = left_padded(4, 7, qwen.config.vocab_size, seed=4)
+    pop = population(layout, 3)
+    rows, masks = ids.repeat(3, 1), mask.repeat(3, 1)
+    sampling = Sampling(max_new_tokens=12)
+    ours = fast.generate_ids(rows, masks, pop, sampling, eos_ids=[])
+    slow = LocalEngine.from_model(qwen, layout, fast=False)
+    theirs = slow.generate_ids(rows, masks, pop, sampling, eos_ids=[])
+    assert ours.shape == (12, 12) and torch.equal(ours, theirs)
+    hot = Sampling(max_new_tokens=12, temperature=1.0)
+    a = fast.generate_ids(rows, masks, pop, hot, torch.Generator().manual_seed(3), eos_ids=[])
+    b = fast.generate_ids(rows, masks, pop, hot, torch.Generator().manual_seed(3), eos_ids=[])
+    assert torch.equal(a, b)
+
+
+def test_grouped_lora_equals_each_module_alone() -> None:
+    """lora_linear over a fused (q, k, v) weight == three separate x W^T + s x A^T B^T."""
+    gen = torch.Generator().manual_seed(0)
+    members, rows, hidden, outs, r, s = 3, 4, 16, (16, 8, 8), 2, 1.5
+    x = torch.randn(members * rows, hidden, generator=gen)
+    w = [torch.randn(o, hidden, generator=gen) for o in outs]
+    a = [torch.randn(members, r, hidden, generator=gen) for _ in outs]
+    b = [torch.randn(members, o, r, generator=gen) for o in outs]
+    layout = LoraLayout.from_hf_config(
+        LlamaConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        ),
+        LoraSpec(rank=r, alpha=r * s, target_modules=["q_proj", "k_proj", "v_proj"]),
+    )
+    lora = FastLora(layout, members, {"qkv": hidden}, {"qkv": outs}, CPU, torch.float32)
+    lora.load(LoraPopulation(layout, tuple(t for pair in zip(a, b, strict=True) for t in pair)))
+    got = lora_linear(x, torch.cat(w), None, lora.get(0, "qkv"))
+    xs = x.view(members, rows, hidden)
+    want = torch.cat(
+        [
+            (x @ wi.T).view(members, rows, -1) + s * xs @ ai.mT @ bi.mT
+            for wi, ai, bi in zip(w, a, b, strict=True)
+        ],
+        dim=-1,
+    ).view(members * rows, -1)
+    assert (got - want).abs().max().item() <= 1e-4
+
+
+def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
+    layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
+    engine = LocalEngine.from_model(qwen, layout, fast=True)
+    ids = torch.randint(3, 100, (6, 5))
+
+    def run(new: int, rows: torch.Tensor) -> None:
+        sampling = Sampling(max_new_tokens=new)
+        engine.generate_ids(rows, torch.ones_like(rows), None, sampling, eos_ids=[])
+
+    run(4, ids)
+    first = engine.fast.workspace
+    run(3, ids)
+    assert engine.fast.workspace is first  # fewer slots: same buffers
+    run(4, ids[:4])
+    assert engine.fast.workspace is not first  # other row count: rebuilt
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("ops", ["triton", "eager"])
+@pytest.mark.parametrize("prompts", [3, 16])  # 16 rows per member: LoRA fused into kernels
+def test_cuda_graph_decode_equals_hf_fp32(ops: str, prompts: int) -> None:
+    """On a GPU in fp32: the graph-replayed decode against the HF reference (<= 1e-3)."""
+    model = build_model("tiny", torch.device("cuda"), torch.float32, seed=3)
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
+    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine.fast.model.set_ops(ops)
+    assert engine.fast.graphs
+    engine.fast.bucket = 8
+    assert check_forced(engine, population(layout, 3), prompts) <= 1e-3
+    assert check_forced(engine, None, prompts) <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_ops_equal_torch_bf16() -> None:
+    """The Triton kernels (LoRA-fused variants too) on bf16 inputs against the torch ops in
+    fp32 on the same inputs: within a few bf16 roundings (2e-2 of the largest value)."""
+    import torch.nn.functional as F
+
+    from evolm.server import fastops, triton_ops
+
+    gen = torch.Generator("cuda").manual_seed(0)
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=dev).to(bf16)
+
+    def close(ours: torch.Tensor, ref: torch.Tensor) -> bool:
+        return (ours.float() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+
+    q = rand(96, 44 * 128)[:, : 28 * 128].view(96, 4, 7, 128)
+    k, v = rand(96, 4, 192, 128)[:, :, :160], rand(96, 4, 192, 128)[:, :, :160]
+    bias = torch.zeros(96, 160, device=dev)
+    bias[:, 100:] = torch.finfo(bf16).min
+    bias[::3, :20] = torch.finfo(bf16).min
+    ref = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=bias[:, None, None]
+    )
+    assert close(triton_ops.decode_attention(q, k, v, bias.to(bf16)), ref.reshape(96, -1))
+    gu = rand(300, 2 * 4864)
+    assert close(triton_ops.silu_mul(gu), fastops.silu_mul(gu.float()))
+    members, rpm, c = 4, 32, 16
+    u, bt = rand(members * rpm, c), rand(members, c, 2 * 4864) * 0.1
+    gu = rand(members * rpm, 2 * 4864)
+    delta = torch.bmm(u.float().view(members, rpm, c), bt.float()).view(members * rpm, -1)
+    assert close(triton_ops.silu_mul(gu, u, bt, rpm), fastops.silu_mul(gu.float() + delta))
+    x = rand(members * rpm, 44 * 64)[:, : 36 * 64].view(-1, 36, 64)  # 28 q, 4 k, 4 v heads
+    cos, sin = rand(members * rpm, 1, 64).clamp(-1, 1), rand(members * rpm, 1, 64).clamp(-1, 1)
+    bt = rand(members, c, 36 * 64) * 0.1
+    full = x.float() + torch.bmm(u.float().view(members, rpm, c), bt.float()).view(x.shape)
+    want = torch.cat([fastops.rope(full[:, :32], cos.float(), sin.float()), full[:, 32:]], 1)
+    kc, vc = torch.zeros(2, members * rpm, 4, 8, 64, device=dev, dtype=bf16)
+    slot = torch.tensor([5], device=dev)
+    got = triton_ops.qkv_rope(x, cos, sin, 32, u, bt, rpm, (kc, vc, slot))
+    assert close(got, want)
+    assert torch.equal(kc[:, :, 5], got[:, 28:32]) and torch.equal(vc[:, :, 5], got[:, 32:])
+    assert kc[:, :, :5].abs().sum() == 0 and vc[:, :, 6:].abs().sum() == 0

@@ -1,0 +1,195 @@
+"""Checkpoints and exact resume: a run SIGKILLed mid-generation and resumed ends bit-identical to
+an uninterrupted one; unusable checkpoints are skipped; only the newest N are kept."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from evolm.checkpoint import Checkpointer, checkpoints, latest_checkpoint, save_checkpoint
+from evolm.es import ES, ESState
+from evolm.loop import RunContext
+from evolm.lora import LoraLayout
+from evolm.task.scorer import Scorer
+from tests.helpers import REPO, read_results, run_cli
+
+GENERATIONS = 24
+ARGS = [
+    f"generations={GENERATIONS}",
+    "eval_every=4",
+    "es.population_size=6",
+    "task.max_new_tokens=12",
+    "callbacks.checkpoint.every=2",
+    "callbacks.checkpoint.keep=2",
+]
+ADAPTER = Path("adapter") / "adapter_model.safetensors"
+
+
+def without_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Path:
+    run_dir = tmp_path_factory.mktemp("resume") / "uninterrupted"
+    proc = run_cli([*ARGS, f"hydra.run.dir={run_dir}"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def kill_mid_generation(run_dir: Path, generation_s: float) -> None:
+    """Start the run, wait for its first checkpoint, SIGKILL it a random part of a generation
+    later (seeded, so the test is repeatable)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "evolm", *ARGS, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        first = run_dir / "checkpoints" / "gen-000002.pt.sha256"  # written last
+        deadline = time.monotonic() + 90
+        while not first.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.002)
+        time.sleep(random.Random(0).random() * generation_s)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (run_dir / ADAPTER).exists()
+
+
+def test_killed_run_resumes_bit_identical(uninterrupted: Path, tmp_path: Path) -> None:
+    expected = read_results(uninterrupted)
+    assert [g for g, _ in checkpoints(uninterrupted / "checkpoints")] == [22, 24]  # keep=2
+    run_dir = tmp_path / "killed"
+    seconds = [r["time/generation_s"] for r in expected if "time/generation_s" in r]
+    kill_mid_generation(run_dir, sum(seconds) / len(seconds))
+    killed_at = len(read_results(run_dir))
+
+    proc = run_cli([f"resume={run_dir}"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming" in proc.stdout + proc.stderr
+    assert (run_dir / ADAPTER).read_bytes() == (uninterrupted / ADAPTER).read_bytes()
+    assert without_times(read_results(run_dir)) == without_times(expected)
+    assert (run_dir / ".hydra" / "resume" / "overrides.yaml").is_file()  # the first kept
+
+    # One MLflow run, continued: every generation once, finished.
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs(
+        [client.get_experiment_by_name("evolm").experiment_id],  # type: ignore[union-attr]
+        filter_string=f"params.output_dir = '{run_dir}'",
+    )
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/fitness_mean")]
+    assert sorted(steps) == list(range(1, GENERATIONS + 1)), f"killed after {killed_at} records"
+    assert run.info.status == "FINISHED"
+
+
+def test_unusable_checkpoint_falls_back_to_the_previous(
+    uninterrupted: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "copy"
+    shutil.copytree(uninterrupted, run_dir)  # a moved run resumes where it is now
+    newest = run_dir / "checkpoints" / "gen-000024.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated
+    shutil.rmtree(run_dir / "adapter")
+    proc = run_cli([f"resume={run_dir}"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert f"checkpoint {newest} is unusable" in out and "truncated or corrupt" in out
+    assert "resuming" in out and "at generation 22" in out
+    assert (run_dir / ADAPTER).read_bytes() == (uninterrupted / ADAPTER).read_bytes()
+    assert without_times(read_results(run_dir)) == without_times(read_results(uninterrupted))
+
+    rejected = run_cli([f"resume={run_dir}", "es.sigma=0.1"], timeout=120)
+    assert rejected.returncode == 2
+    assert "resume: ['es.sigma=0.1'] would change the run" in rejected.stdout + rejected.stderr
+
+
+# -- the checkpoint files, in process ----------------------------------------------------
+
+
+def state(generation: int) -> ESState:
+    return ESState(mean=[torch.full((2, 3), float(generation))], seed=7, generation=generation)
+
+
+def test_corrupt_or_unfinished_checkpoints_are_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for g in (2, 4, 6, 8):
+        save_checkpoint(tmp_path, state(g), [{"generation": g}], {"task": {"log_lambda": 0.5}})
+    flipped = tmp_path / "gen-000008.pt"
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one corrupt byte in the middle: torch.load may not notice
+    flipped.write_bytes(bytes(data))
+    (tmp_path / "gen-000006.pt.sha256").unlink()  # killed between the file and its digest
+    (tmp_path / "gen-000004.pt.sha256").write_text("0" * 64 + "  gen-000004.pt\n")
+    with caplog.at_level(logging.WARNING):
+        found = latest_checkpoint(tmp_path)
+    assert found is not None and found.generation == 2
+    assert found.records == [{"generation": 2}] and found.state == {"task": {"log_lambda": 0.5}}
+    assert torch.equal(ESState.from_state_dict(found.es).mean[0], state(2).mean[0])
+    for g, why in ((8, "truncated or corrupt"), (6, "is missing"), (4, "truncated or corrupt")):
+        assert f"gen-00000{g}.pt is unusable" in caplog.text and why in caplog.text
+
+
+def test_checkpointer_every_keep_and_task_state(tmp_path: Path) -> None:
+    scorer = Scorer(lambda_init=2.0)
+    layout = LoraLayout(targets=(), rank=1, alpha=1.0, num_layers=1)
+    ctx = RunContext(tmp_path, 7, layout, "base", stateful={"task": scorer})
+    saver = Checkpointer(every=3, keep=2)
+    saver.on_run_start(ctx, state(0))
+    for g in range(1, 8):
+        saver.on_generation_end(ctx, {"generation": g}, state(g))
+    assert [g for g, _ in checkpoints(tmp_path / "checkpoints")] == [6, 7]  # every 3 + the last
+    found = latest_checkpoint(tmp_path / "checkpoints")
+    assert found is not None and [r["generation"] for r in found.records] == list(range(1, 8))
+    restored = Scorer()
+    restored.load_state_dict(found.state["task"])
+    assert restored.lambda_ == pytest.approx(2.0)
+
+
+def test_adam_state_continues_exactly(tmp_path: Path) -> None:
+    """ES state (mean, Adam moments, step) through a checkpoint: the continuation is identical."""
+    es = ES(
+        population_size=6,
+        sigma=0.1,
+        alpha=0.05,
+        antithetic=True,
+        shaping="centered_ranks",
+        update="openai",
+        optimizer="adam",
+    )
+    fitness = torch.Generator().manual_seed(1)
+
+    def advance(s: ESState, n: int) -> ESState:
+        for _ in range(n):
+            pop = es.ask(s)
+            f = sum(x.flatten(1).sum(1) for x in es.sample(s, pop)) + torch.rand(
+                6, generator=fitness
+            )
+            s, _ = es.tell(s, pop, f)
+        return s
+
+    mid = advance(es.init([torch.zeros(3, 4), torch.ones(2)], seed=5), 3)
+    save_checkpoint(tmp_path, mid, [], {})
+    found = latest_checkpoint(tmp_path)
+    assert found is not None
+    fitness_state = fitness.get_state()
+    straight = advance(mid, 3)
+    fitness.set_state(fitness_state)
+    resumed = advance(ESState.from_state_dict(found.es), 3)
+    assert all(torch.equal(a, b) for a, b in zip(straight.mean, resumed.mean, strict=True))
+    assert resumed.generation == 6 and resumed.opt["step"] == 6

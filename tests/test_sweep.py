@@ -1,0 +1,232 @@
+"""Optuna sweeps (``hparams_search=es_optuna``): real sweeps of the tiny model in subprocesses,
+then the pieces (pooled engine, layout swaps, the rank check, resume seeds) in-process."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from mlflow import MlflowClient
+from omegaconf import read_write
+from optuna.trial import TrialState
+
+from evolm.errors import ConfigError
+from evolm.lora import LoraLayout, LoraSpec
+from evolm.lora.layout import LoraPopulation
+from evolm.server import pool
+from evolm.server.local import LocalEngine
+from evolm.sweep.callback import check_rank_cover, search_space
+from evolm.sweep.study import resume_seed
+from evolm.task.base import Sampling
+from evolm.tracking.sweep import KEY_TAG
+from tests.helpers import CONF, run_cli
+
+TINY_BUDGET = ["generations=2", "es.population_size=4", "task.max_new_tokens=8", "eval_every=1"]
+
+
+def sweep(tmp: Path, name: str, *args: str, trials: int = 3) -> tuple[Path, str]:
+    """``python -m evolm -m hparams_search=es_optuna`` with its study and MLflow store in ``tmp``
+    (and the working directory too: nothing lands in the repository)."""
+    sweep_dir = tmp / name
+    proc = run_cli(
+        [
+            "-m",
+            "hparams_search=es_optuna",
+            f"hydra.sweeper.storage=sqlite:///{tmp}/optuna.db",
+            "hydra.sweeper.study_name=test",
+            f"hydra.sweeper.n_trials={trials}",
+            f"hydra.sweep.dir={sweep_dir}",
+            *TINY_BUDGET,
+            *args,
+        ],
+        timeout=300,
+        cwd=tmp,
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return sweep_dir, proc.stdout + proc.stderr
+
+
+def study(tmp: Path) -> optuna.Study:
+    return optuna.load_study(study_name="test", storage=f"sqlite:///{tmp}/optuna.db")
+
+
+def mlflow_runs(tmp: Path) -> tuple[Any, list[Any]]:
+    """The sweep's parent run and its children."""
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    exp = client.get_experiment_by_name("evolm")
+    runs = client.search_runs([exp.experiment_id])
+    [parent] = [r for r in runs if KEY_TAG in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(runs) - 1, "every other run is a child of the parent"
+    return parent, children
+
+
+def model_loads(sweep_dir: Path) -> int:
+    """``loaded ... on cpu`` lines of the engine in the trials' logs."""
+    logs = "".join(p.read_text() for p in sweep_dir.glob("*/*.log"))
+    return len(re.findall(r"evolm\.server\.local\]\[INFO\] - loaded .* on cpu", logs))
+
+
+@pytest.mark.slow
+def test_sweep_runs_resumes_and_tracks(tmp_path: Path) -> None:
+    sweep_dir, out = sweep(tmp_path, "first")
+    trials = study(tmp_path).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    params = {tuple(sorted(t.params.items())) for t in trials}
+    assert len(params) == 3, "three distinct sampled points"
+    assert set(trials[0].params) == {"es.sigma", "es.alpha", "lora.init_scale", "lora.rank"}
+    # One model for the whole sweep, however the rank changes between trials.
+    assert "LocalEngine.loads=1" in out
+    assert model_loads(sweep_dir) == 1
+    assert len(list(sweep_dir.glob("*/adapter/adapter_model.safetensors"))) == 3
+
+    parent, children = mlflow_runs(tmp_path)
+    assert len(children) == 3
+    assert parent.data.tags["search_space.lora.rank"] == "choice(1, 2, 4, 8)"
+    best = study(tmp_path).best_trial
+    assert parent.data.metrics["best_value"] == pytest.approx(best.value)
+    assert parent.data.metrics["best/es.sigma"] == pytest.approx(best.params["es.sigma"])
+    assert parent.data.metrics["trials_complete"] == 3
+
+    # The same command again adds trials to the same study, with new parameters, and its
+    # runs to the same parent.
+    sweep(tmp_path, "second")
+    trials = study(tmp_path).trials
+    assert len(trials) == 6 and all(t.state is TrialState.COMPLETE for t in trials)
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == 6
+    parent2, children = mlflow_runs(tmp_path)
+    assert parent2.info.run_id == parent.info.run_id and len(children) == 6
+    assert parent2.data.metrics["trials_complete"] == 6
+
+
+@pytest.mark.slow
+def test_failed_trial_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    """lora.rank in {0, 2}: rank 0 is a ConfigError in its trial only. With seed=1 the
+    sampler draws ranks 0, 2, 0 (optuna 5.0's seeded TPE start-up draws)."""
+    sweep_dir, out = sweep(tmp_path, "fail", "seed=1", "lora.rank=choice(0,2)", "logger=none")
+    trials = study(tmp_path).trials
+    assert [t.params["lora.rank"] for t in trials] == [0, 2, 0]
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.FAIL]
+    assert "lora.rank: must be >= 1, got 0" in out
+    assert (sweep_dir / "optimization_results.yaml").is_file(), "the sweep finished"
+
+
+# -- the pieces, in-process ---------------------------------------------------------------------
+
+
+def layout(model_dir: str, rank: int) -> LoraLayout:
+    from transformers import AutoConfig
+
+    return LoraLayout.from_hf_config(AutoConfig.from_pretrained(model_dir), LoraSpec(rank=rank))
+
+
+def random_population(lay: LoraLayout, members: int) -> LoraPopulation:
+    gen = torch.Generator().manual_seed(0)
+    tensors = tuple(torch.randn(members, *s, generator=gen) * 0.3 for s in lay.shapes())
+    return LoraPopulation(lay, tensors)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_use_layout_equals_a_fresh_engine(tiny_model_dir: str, fast: bool) -> None:
+    """An engine loaded for rank 4 then switched to rank 2 generates what a rank-2 one does."""
+    rank2 = layout(tiny_model_dir, 2)
+    adapters = random_population(rank2, 3)
+    sampling = Sampling(max_new_tokens=8)
+    prompts = ["Hello", "1, 2, 3,"]
+    fresh = LocalEngine(tiny_model_dir, rank2, device="cpu", fast=fast)
+    reused = LocalEngine(tiny_model_dir, layout(tiny_model_dir, 4), device="cpu", fast=fast)
+    reused.generate(prompts, random_population(reused.layout, 3), sampling, seed=0)
+    reused.use_layout(rank2)
+    assert reused.generate(prompts, adapters, sampling, 0) == fresh.generate(
+        prompts, adapters, sampling, 0
+    )
+
+
+class FakeServer:
+    """A persistent server's engine: rank and modules fixed when it started."""
+
+    def __init__(self, lay: LoraLayout, max_lora_rank: int) -> None:
+        self.layout, self.max_lora_rank = lay, max_lora_rank
+        self.lora_target_modules = list(lay.target_modules)
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_pool_shares_one_engine_in_a_multirun(
+    tiny_model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool, "POOL", pool.EnginePool())
+    monkeypatch.setattr(pool, "in_multirun", lambda: True)
+    made: list[FakeServer] = []
+
+    def make(lay: LoraLayout) -> FakeServer:
+        made.append(FakeServer(lay, max_lora_rank=4))
+        return made[-1]
+
+    server = {"_target_": "evolm.server.vllm.VLLMEngine", "port": 1}
+    r2, r4, r8 = (layout(tiny_model_dir, r) for r in (2, 4, 8))
+    first = pool.open_engine("m", server, r2, lambda: make(r2))
+    pool.release(first)
+    again = pool.open_engine("m", server, r4, lambda: make(r4))
+    assert again is first and len(made) == 1 and again.layout is r4 and not first.closed
+    with pytest.raises(ConfigError, match=r"server\.max_lora_rank.*lora\.rank=8"):
+        pool.open_engine("m", server, r8, lambda: make(r8))
+    other = pool.open_engine("m", {**server, "port": 2}, r2, lambda: make(r2))
+    assert other is not first and first.closed, "a new key closes the old engine first"
+    monkeypatch.setattr(pool, "in_multirun", lambda: False)
+    pool.release(other)
+    assert other.closed and pool.POOL.engine is None, "a single run closes its engine"
+
+
+def sweep_config(*overrides: str, sweeps: tuple[str, ...] = ()) -> Any:
+    """The sweep's config as its callback sees it; ``sweeps``: command-line sweep expressions
+    (compose() refuses them outside a multirun, so they are added as Hydra records them)."""
+    with initialize_config_dir(config_dir=CONF):
+        cfg = compose(
+            "config", overrides=["hparams_search=es_optuna", *overrides], return_hydra_config=True
+        )
+    with read_write(cfg.hydra.overrides.task):
+        cfg.hydra.overrides.task += list(sweeps)
+    return cfg
+
+
+def test_overlay_composes_with_the_search_space() -> None:
+    cfg = sweep_config("es.alpha=0.01", sweeps=("lora.rank=choice(2,4)",))
+    sweeper = cfg.hydra.sweeper
+    assert sweeper.direction == "maximize" and sweeper.n_jobs == 1
+    assert sweeper.max_failure_rate == 1.0
+    assert sweeper.storage == "sqlite:///outputs/optuna.db"
+    space = search_space(cfg)
+    assert space["es.sigma"] == "tag(log, interval(0.005, 0.2))"
+    assert space["lora.rank"] == "choice(2,4)", "the command line replaces a range"
+    assert space["es.alpha"] == "0.01", "a plain value fixes a key"
+
+
+def test_persistent_server_rank_must_cover_the_search() -> None:
+    check_rank_cover(cfg := sweep_config(), search_space(cfg))  # local: nothing to check
+    for server in ("server=vllm", "server=sglang"):
+        cfg = sweep_config(server)
+        with pytest.raises(ConfigError, match=r"server\.max_lora_rank=8"):
+            check_rank_cover(cfg, search_space(cfg))
+        cfg = sweep_config(server, "server.max_lora_rank=4")
+        with pytest.raises(ConfigError, match="up to 8"):
+            check_rank_cover(cfg, search_space(cfg))
+        cfg = sweep_config(server, "server.max_lora_rank=8")
+        check_rank_cover(cfg, search_space(cfg))
+        cfg = sweep_config(server, "lora.rank=4")  # one rank: the engine sizes the server
+        check_rank_cover(cfg, search_space(cfg))
+
+
+def test_resume_seed_is_fresh_per_study_size_and_worker() -> None:
+    assert resume_seed(7, 0) == 7, "a new study samples with the configured seed"
+    seeds = {resume_seed(7, n, w) for n in (0, 3, 6) for w in (0, 1)}
+    assert len(seeds) == 6
+    assert resume_seed(7, 3, 1) == resume_seed(7, 3, 1)
