@@ -133,7 +133,7 @@ class ESLoop:
             "es/update_norm": stats["update_norm"],
             "time/generate_s": ev.generate_s,
             "time/score_s": ev.score_s,
-            # the engine's own phases (prefill/decode; adapter write/load/generate/unload on servers)
+            # the engine's own phases (prefill/decode; servers: adapter write/load/unload)
             **{f"time/engine_{k}": v for k, v in getattr(self.engine, "last_timings", {}).items()},
             "time/es_s": (sampled - start) + (time.perf_counter() - told),
         }
