@@ -32,9 +32,13 @@ def test_every_option_composes_and_builds(group: str, option: str, tmp_path: Pat
         assert build(group, node) is not None
 
 
-def test_overlays_compose(tmp_path: Path) -> None:
+def test_overlays_compose_and_override_the_root(tmp_path: Path) -> None:
     for overlay in ["debug=fast", *(f"experiment={o}" for o in options("experiment"))]:
         compose_config([overlay, f"output_dir={tmp_path}"])
+    fast = compose_config(["debug=fast", f"output_dir={tmp_path}"])
+    assert (fast.generations, fast.eval_every, fast.es.population_size) == (3, 1, 4)
+    paper = compose_config(["experiment=paper_conciseness", f"output_dir={tmp_path}"])
+    assert (paper.generations, paper.es.sigma, paper.task.max_new_tokens) == (1000, 0.001, 100)
 
 
 @pytest.mark.parametrize(
