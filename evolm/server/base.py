@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from evolm.lora.layout import LoraPopulation
 from evolm.task.base import Sampling
@@ -26,3 +26,11 @@ class Engine(Protocol):
     ) -> list[list[str]]: ...
 
     def close(self) -> None: ...
+
+
+def chat_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
+    """Chat messages rendered with the tokenizer's chat template, ending in the assistant
+    header: what every engine's ``format_chat`` returns."""
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+    )

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.model import load_causal_lm
+from evolm.server.base import chat_prompt
 from evolm.server.fastgen import FastGenerator
 from evolm.server.fastlora import FastLora
 from evolm.server.fastpath import FastModel
@@ -169,9 +170,7 @@ class LocalEngine:
             self.fast.workspace = None  # drops decode graphs captured over the old buffers
 
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
-        )
+        return chat_prompt(self.tokenizer, messages)
 
     def generate(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int

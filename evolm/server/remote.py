@@ -47,6 +47,7 @@ from transformers import AutoTokenizer
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.peft_io import save_adapter
+from evolm.server.base import chat_prompt
 from evolm.server.connection import Server, ServerDown, ServerError, ServerProcess, free_port
 from evolm.server.staging import adapter_root
 from evolm.task.base import Sampling
@@ -203,9 +204,7 @@ class RemoteEngine:
 
     # -- the Engine protocol -------------------------------------------------------------
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
-        )
+        return chat_prompt(self.tokenizer, messages)
 
     def generate(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
