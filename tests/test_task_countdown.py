@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from evolm.errors import ConfigError
 from evolm.task import Task
-from evolm.task.countdown import ASSISTANT_PREFIX, SYSTEM_PROMPT, Countdown, cycling_window
+from evolm.task.base import cycling_window
+from evolm.task.countdown import ASSISTANT_PREFIX, SYSTEM_PROMPT, Countdown
 from evolm.task.countdown_data import generate_puzzles
 from evolm.task.countdown_reward import paper_prompt
 

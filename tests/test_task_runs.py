@@ -3,20 +3,16 @@ tiny model (subprocesses; the scorer run talks to a real scorer server subproces
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import StartServer
+from tests.helpers import read_results, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "tasks.md"
@@ -29,42 +25,16 @@ SMALL_RUN = [
 ]
 
 
-def run_cli(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> list[dict[str, Any]]:
-    """``python -m evolm OVERRIDES`` into ``tmp_path``; returns the records of results.jsonl."""
+def run(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> list[dict[str, Any]]:
+    """``python -m evolm OVERRIDES`` into ``tmp_path/run``; returns the records of results.jsonl."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "evolm", *overrides, f"output_dir={out}", f"hydra.run.dir={out}"]
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+    proc = run_cli([*overrides, f"output_dir={out}", f"hydra.run.dir={out}"], cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = (out / "results.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
-
-
-@pytest.fixture
-def scorer_url(tmp_path: Path) -> Iterator[str]:
-    """A scorer server subprocess (built-in length rule) on a free port; stopped afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "scorer.log", "w") as log:
-        cmd = [sys.executable, "-m", "evolm.task.scorer_server", "--port", str(port)]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            for _ in range(200):  # ~10 s at most
-                assert proc.poll() is None, (tmp_path / "scorer.log").read_text()
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+    return read_results(out)
 
 
 def test_countdown_run(tmp_path: Path, tiny_model_dir: str) -> None:
-    records = run_cli(tmp_path, "task=countdown", *SMALL_RUN, "task.eval_samples=4")
+    records = run(tmp_path, "task=countdown", *SMALL_RUN, "task.eval_samples=4")
     assert [r["generation"] for r in records] == [0, 1, 2]
     for key in ("reward", "format_reward", "answer_reward", "accuracy"):
         assert f"eval/{key}_mean" in records[0]
@@ -72,8 +42,9 @@ def test_countdown_run(tmp_path: Path, tiny_model_dir: str) -> None:
     assert 0.0 <= records[-1]["train/accuracy_mean"] <= 1.0
 
 
-def test_scorer_run(tmp_path: Path, tiny_model_dir: str, scorer_url: str) -> None:
-    records = run_cli(
+def test_scorer_run(tmp_path: Path, tiny_model_dir: str, start_server: StartServer) -> None:
+    scorer_url = start_server()
+    records = run(
         tmp_path,
         "task=scorer",
         f"task.url={scorer_url}",
@@ -112,6 +83,6 @@ def test_own_task_from_docs(tmp_path: Path, tiny_model_dir: str) -> None:
         "trusted_targets=[evolm.*,my_tasks.*]",
     ]
     overrides = [*documented, "generations=1", "es.population_size=4"]
-    records = run_cli(tmp_path, *overrides, cwd=tmp_path)
+    records = run(tmp_path, *overrides, cwd=tmp_path)
     assert [r["generation"] for r in records] == [0, 1]
     assert 0.0 <= records[-1]["train/reward_mean"] <= 1.0

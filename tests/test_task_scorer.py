@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import torch
@@ -26,68 +21,11 @@ from evolm.evaluate import Evaluation
 from evolm.task import Task
 from evolm.task.scorer import Scorer, ScorerClient, ScorerError, ScorerUnavailable
 from evolm.task.scorer_server import KeywordRule, LengthRule, parse_request
+from tests.conftest import StartServer, free_port, get
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PROMPTS = ["Say hi.", "Name a fruit.", "Count to three."]
 COMPLETIONS = ["hi hi there", "apple", ""]
-
-StartServer = Callable[..., str]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    for _ in range(200):  # ~10 s at most
-        if proc.poll() is not None:
-            pytest.fail(f"scorer server exited with {proc.returncode}: {log_path.read_text()}")
-        try:
-            get(url + "/health")
-            return
-        except OSError:
-            time.sleep(0.05)
-    pytest.fail(f"scorer server at {url} did not become healthy: {log_path.read_text()}")
-
-
-@pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[StartServer]:
-    """Start ``python -m evolm.task.scorer_server ARGS`` on a free port; returns its URL.
-    Every server started is terminated (and waited for) when the test ends."""
-    started: list[tuple[subprocess.Popen, IO[str]]] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> str:
-        port = free_port()
-        log_path = tmp_path / f"scorer-{port}.log"
-        log = open(log_path, "w")  # noqa: SIM115  (closed at teardown)
-        cmd = [sys.executable, "-m", "evolm.task.scorer_server", "--host", "127.0.0.1"]
-        proc = subprocess.Popen(
-            [*cmd, "--port", str(port), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-        started.append((proc, log))
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc, log_path)
-        return url
-
-    yield start
-    for proc, log in started:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        log.close()
 
 
 def client(url: str, **kwargs: Any) -> ScorerClient:

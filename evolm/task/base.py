@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from evolm.errors import ConfigError
 
@@ -119,3 +119,18 @@ def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict
     if not records:
         raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
     return records
+
+
+T = TypeVar("T")
+
+
+def cycling_window(items: Sequence[T], generation: int, size: int) -> list[T]:
+    """The ``generation``-th (1-based) window of ``size`` consecutive items, wrapping around.
+
+    Windows tile an endless repetition of ``items``: with 5 items and ``size=2``, generations
+    1, 2, 3, 4 get items ``[0, 1]``, ``[2, 3]``, ``[4, 0]``, ``[1, 2]``.
+    """
+    if generation < 1:
+        raise ValueError(f"generation is 1-based, got {generation}")
+    start = (generation - 1) * size
+    return [items[(start + j) % len(items)] for j in range(size)]

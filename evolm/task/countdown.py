@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.task.base import Example, Sampling, Scores
+from evolm.task.base import Example, Sampling, Scores, cycling_window
 from evolm.task.countdown_data import generate_puzzles, load_countdown_json
 from evolm.task.countdown_reward import countdown_reward, paper_prompt
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. You first think about the reasoning process in your mind and "
@@ -32,18 +31,6 @@ ASSISTANT_PREFIX = "Let me solve this step by step.\n<think>"
 """The paper prompt's ending: appended after the assistant header in the chat variant."""
 
 SCORE_KEYS = ("reward", "format_reward", "answer_reward", "accuracy")
-
-
-def cycling_window(items: Sequence[T], generation: int, size: int) -> list[T]:
-    """The ``generation``-th (1-based) window of ``size`` consecutive items, wrapping around.
-
-    Windows tile an endless repetition of ``items``: with 5 items and ``size=2``, generations
-    1, 2, 3, 4 get items ``[0, 1]``, ``[2, 3]``, ``[4, 0]``, ``[1, 2]``.
-    """
-    if generation < 1:
-        raise ValueError(f"generation is 1-based, got {generation}")
-    start = (generation - 1) * size
-    return [items[(start + j) % len(items)] for j in range(size)]
 
 
 def chat_messages(prompt: str) -> tuple[list[dict[str, str]], str]:

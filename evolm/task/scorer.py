@@ -20,8 +20,7 @@ import requests
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from evolm.errors import ConfigError
-from evolm.task.base import Example, Sampling, Scores, read_jsonl
-from evolm.task.countdown import cycling_window
+from evolm.task.base import Example, Sampling, Scores, cycling_window, read_jsonl
 
 if TYPE_CHECKING:
     from evolm.evaluate import Evaluation
