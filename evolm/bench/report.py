@@ -54,9 +54,10 @@ def metrics_table(record: dict[str, Any]) -> list[str]:
         ("(c)/(a) paper's method / evolm", _f(ratios.get("paper_over_evolm"), 1)),
         ("(d)/(a) per-member HF LoRA / evolm", _f(ratios.get("hf_lora_over_evolm"), 1)),
         (
-            "ES sample + tell s (share of (a))",
-            f"{_f(book['sample_s'], 3)} + "
-            f"{_f(book['tell_s'], 3)} ({100 * ratios.get('bookkeeping_share', float('nan')):.1f}%)",
+            "ES sample + tell + engine adapter load s (share of (a))",
+            f"{_f(book['sample_s'], 3)} + {_f(book['tell_s'], 3)} + "
+            f"{_f(book.get('engine_load_s', 0.0), 3)} "
+            f"({100 * ratios.get('bookkeeping_share', float('nan')):.1f}%)",
         ),
         ("adapter writes for servers, s", _f(book.get("adapter_write_s"), 3)),
     ]

@@ -105,7 +105,8 @@ def ratios(results: dict[str, dict[str, Any]], book: dict[str, float]) -> dict[s
     for name in ("paper", "paper_fast", "hf_lora", "external"):
         if name in results:
             out[f"{name}_over_evolm"] = results[name]["seconds"] / a
-    out["bookkeeping_share"] = (book["sample_s"] + book["tell_s"]) / a
+    spent = book["sample_s"] + book["tell_s"] + book.get("engine_load_s", 0.0)
+    out["bookkeeping_share"] = spent / a
     return out
 
 

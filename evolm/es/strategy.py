@@ -180,9 +180,9 @@ class ES:
         out = []
         for t, (m, e) in enumerate(zip(state.mean, split_noise(eps, shapes), strict=True)):
             e = e if select is None else e.index_select(0, select)
-            x = e * coef[t].view(-1, *([1] * m.dim()))
             target = m.device if device is None else torch.device(device)
-            x = x.to(target).add_(m.to(target))
+            col = coef[t].view(-1, *([1] * m.dim()))
+            x = torch.addcmul(m.to(eps.device), e, col).to(target)  # one pass: mean + coef * eps
             out.append(x if dtype is None else x.to(dtype))
         return out
 
@@ -289,7 +289,8 @@ def _fitness_stats(fitness: Tensor) -> dict[str, float]:
 
 
 def _global_norm(xs: Sequence[Tensor]) -> float:
-    return float(sum(x.double().pow(2).sum().item() for x in xs) ** 0.5)
+    """L2 norm over all tensors together, in float64, with one host sync."""
+    return torch.stack([x.double().pow(2).sum() for x in xs]).sum().sqrt().item()
 
 
 def _check(ok: bool, key: str, problem: str, fix: str) -> None:
