@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from evolm.bench.shapes import build_model
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
-from evolm.server.fastlora import FastLora, lora_linear
+from evolm.server.fastlora import FastLora, GroupLora, RankActs, lora_delta, project
 from evolm.server.local import LocalEngine
 from evolm.server.multilora import load_population
 from evolm.task.base import Sampling
@@ -130,14 +130,23 @@ def test_generation_equals_hf_path(qwen: torch.nn.Module) -> None:
     assert torch.equal(a, b)
 
 
-def test_grouped_lora_equals_each_module_alone() -> None:
-    """lora_linear over a fused (q, k, v) weight == three separate x W^T + s x A^T B^T."""
+@pytest.mark.parametrize("in_weights", [False, True])
+@pytest.mark.parametrize("targets", [["q_proj", "k_proj", "v_proj"], ["q_proj", "v_proj"]])
+def test_grouped_lora_equals_each_module_alone(in_weights: bool, targets: list[str]) -> None:
+    """Grouped LoRA over a fused (q, k, v) weight == separate x W^T + s x A^T B^T per module,
+    with A in its own buffer (u by bmm) or in the weight buffer's spare rows (u from the base
+    GEMM), a module left out, and members 1..2 as a prefill-style member range."""
     gen = torch.Generator().manual_seed(0)
     members, rows, hidden, outs, r, s = 3, 4, 16, (16, 8, 8), 2, 1.5
     x = torch.randn(members * rows, hidden, generator=gen)
     w = [torch.randn(o, hidden, generator=gen) for o in outs]
-    a = [torch.randn(members, r, hidden, generator=gen) for _ in outs]
-    b = [torch.randn(members, o, r, generator=gen) for o in outs]
+    names = ["q_proj", "k_proj", "v_proj"]
+    a = {m: torch.randn(members, r, hidden, generator=gen) for m in targets}
+    b = {
+        m: torch.randn(members, o, r, generator=gen)
+        for m, o in zip(names, outs, strict=True)
+        if m in a
+    }
     layout = LoraLayout.from_hf_config(
         LlamaConfig(
             hidden_size=16,
@@ -146,20 +155,27 @@ def test_grouped_lora_equals_each_module_alone() -> None:
             num_attention_heads=2,
             num_key_value_heads=1,
         ),
-        LoraSpec(rank=r, alpha=r * s, target_modules=["q_proj", "k_proj", "v_proj"]),
+        LoraSpec(rank=r, alpha=r * s, target_modules=targets),
     )
-    lora = FastLora(layout, members, {"qkv": hidden}, {"qkv": outs}, CPU, torch.float32)
-    lora.load(LoraPopulation(layout, tuple(t for pair in zip(a, b, strict=True) for t in pair)))
-    got = lora_linear(x, torch.cat(w), None, lora.get(0, "qkv"))
+    weight = torch.cat([*w, torch.full((40, hidden), float("nan"))])  # spare rows
+    weight[sum(outs) :] = 0
+    spare = (lambda _l, _g, n: weight[sum(outs) : sum(outs) + n]) if in_weights else None
+    lora = FastLora(layout, members, {"qkv": hidden}, {"qkv": outs}, CPU, torch.float32, 8, spare)
+    lora.load(LoraPopulation(layout, tuple(t for m in targets for t in (a[m], b[m]))))
     xs = x.view(members, rows, hidden)
     want = torch.cat(
         [
-            (x @ wi.T).view(members, rows, -1) + s * xs @ ai.mT @ bi.mT
-            for wi, ai, bi in zip(w, a, b, strict=True)
+            (x @ wi.T).view(members, rows, -1) + (s * xs @ a[m].mT @ b[m].mT if m in a else 0)
+            for m, wi in zip(names, w, strict=True)
         ],
         dim=-1,
     ).view(members * rows, -1)
-    assert (got - want).abs().max().item() <= 1e-4
+    for lo, hi in ((0, members), (1, members)):
+        g = lora.view(lo, hi).get(0, "qkv")
+        assert (g.spare > 0) == in_weights
+        base, u = project(x[lo * rows : hi * rows], weight, None, sum(outs), g)
+        got = base + lora_delta(u, g)
+        assert (got - want[lo * rows : hi * rows]).abs().max().item() <= 1e-4
 
 
 def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
@@ -200,12 +216,16 @@ def test_cuda_graph_decode_equals_hf_fp32(ops: str, prompts: int) -> None:
 def test_triton_ops_equal_torch_bf16() -> None:
     """The Triton kernels (LoRA-fused variants too) on bf16 inputs against the torch ops in
     fp32 on the same inputs: within a few bf16 roundings (2e-2 of the largest value)."""
+    check_triton_ops(torch.device("cuda"), torch.bfloat16)
+
+
+def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
+    """Every Triton kernel against torch on ``dev`` in ``bf16`` (fp32 where interpreted)."""
     import torch.nn.functional as F
 
     from evolm.server import fastops, triton_ops
 
-    gen = torch.Generator("cuda").manual_seed(0)
-    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(dev).manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, device=dev).to(bf16)
@@ -224,19 +244,45 @@ def test_triton_ops_equal_torch_bf16() -> None:
     assert close(triton_ops.decode_attention(q, k, v, bias.to(bf16)), ref.reshape(96, -1))
     gu = rand(300, 2 * 4864)
     assert close(triton_ops.silu_mul(gu), fastops.silu_mul(gu.float()))
-    members, rpm, c = 4, 32, 16
-    u, bt = rand(members * rpm, c), rand(members, c, 2 * 4864) * 0.1
-    gu = rand(members * rpm, 2 * 4864)
-    delta = torch.bmm(u.float().view(members, rpm, c), bt.float()).view(members * rpm, -1)
-    assert close(triton_ops.silu_mul(gu, u, bt, rpm), fastops.silu_mul(gu.float() + delta))
-    x = rand(members * rpm, 44 * 64)[:, : 36 * 64].view(-1, 36, 64)  # 28 q, 4 k, 4 v heads
+    members, rpm, r = 4, 32, 4
+
+    def group(out: tuple[int, ...], offsets: tuple[int, ...]) -> GroupLora:
+        a = torch.empty(members, r * len(out), 1, device=dev, dtype=bf16)  # shape only
+        return GroupLora(a, rand(members, r, sum(out)) * 0.1, offsets, out)
+
+    def acts(g: GroupLora) -> RankActs:  # u inside a wider GEMM output, as in the fast path
+        wide = rand(members * rpm, 40 + members * g.cols)
+        return RankActs(wide[:, 40:], g.cols)
+
+    def want_delta(u: RankActs, g: GroupLora) -> torch.Tensor:
+        f32 = GroupLora(g.A, g.Bt.float(), g.offsets, g.splits)
+        return lora_delta(RankActs(u.u.float(), u.member_stride), f32)
+
+    g = group((4864, 4864), (4, 0))  # up's rank columns first: offsets are honoured
+    u, gu = acts(g), rand(members * rpm, 2 * 4864 + 8)[:, : 2 * 4864]  # strided rows
+    assert close(triton_ops.silu_mul(gu, u, g), fastops.silu_mul(gu.float() + want_delta(u, g)))
+    x = rand(members * rpm, 44 * 64)[:, : 36 * 64]  # 28 q, 4 k, 4 v heads
     cos, sin = rand(members * rpm, 1, 64).clamp(-1, 1), rand(members * rpm, 1, 64).clamp(-1, 1)
-    bt = rand(members, c, 36 * 64) * 0.1
-    full = x.float() + torch.bmm(u.float().view(members, rpm, c), bt.float()).view(x.shape)
+    g = group((28 * 64, 4 * 64, 4 * 64), (0, -1, 4))  # k not adapted: its Bt columns are 0
+    g.Bt[:, :, 28 * 64 : 32 * 64] = 0
+    u = acts(g)
+    full = (x.float() + want_delta(u, g)).view(-1, 36, 64)
     want = torch.cat([fastops.rope(full[:, :32], cos.float(), sin.float()), full[:, 32:]], 1)
     kc, vc = torch.zeros(2, members * rpm, 4, 8, 64, device=dev, dtype=bf16)
     slot = torch.tensor([5], device=dev)
-    got = triton_ops.qkv_rope(x, cos, sin, 32, u, bt, rpm, (kc, vc, slot))
+    got = triton_ops.qkv_rope(x.view(-1, 36, 64), cos, sin, 32, u, g, (kc, vc, slot))
     assert close(got, want)
     assert torch.equal(kc[:, :, 5], got[:, 28:32]) and torch.equal(vc[:, :, 5], got[:, 32:])
     assert kc[:, :, :5].abs().sum() == 0 and vc[:, :, 6:].abs().sum() == 0
+    hidden, w = 896, rand(896)
+    g = group((hidden,), (0,))
+    u, y = acts(g), rand(members * rpm, hidden + 24)[:, :hidden]
+    res = rand(members * rpm, hidden)
+    ref = res.float() + y.float() + want_delta(u, g)
+    h = triton_ops.add_rms_norm(res, w, 1e-6, y, u, g)
+    assert close(res, ref)  # the residual stream, updated in place
+    assert close(h, F.rms_norm(ref, (hidden,), w.float(), 1e-6))
+    assert close(
+        triton_ops.add_rms_norm(res.clone(), w, 1e-6),
+        F.rms_norm(res.float(), (hidden,), w.float(), 1e-6),
+    )

@@ -1,19 +1,27 @@
-"""Grouped multi-LoRA for the fast path: one pair of batched matmuls per FUSED projection.
+"""Grouped multi-LoRA for the fast path: every member's adapters of a FUSED projection at once.
 
-The fast forward (:mod:`evolm.server.fastpath`) runs q/k/v as one matmul and gate/up as one. Their
-adapters are grouped the same way: for a group of ``k`` adapted modules, ``A`` holds the k A's
-side by side, ``[M, c, in]`` (``c >= k*r`` rank columns, zero-padded), and ``Bt`` is the
-block-structured transpose ``[M, c, out_total]``: module j's ``B_j^T`` (pre-multiplied by
-``alpha / r``) sits in its rank rows and output columns, every other entry is zero. So
-``(x A^T) Bt`` is exactly each module's own delta, in two ``bmm`` for the whole group and every
-member at once (or with the second product fused into the consumer's kernel, see
-:mod:`evolm.server.triton_ops`). The buffers are static: :meth:`FastLora.load`
-copies a new population into them in place, so CUDA graphs captured over them stay valid.
+The fast forward (:mod:`evolm.server.fastpath`) runs q/k/v as one matmul and gate/up as one. For
+a group of ``k`` adapted modules and M members (rows grouped by member, member-major):
+
+- first factors ``A [M, c, in]``: the k modules' A's side by side (``c >= k * r`` rank
+  columns), so ``u = x A_m^T [rows, c]`` is every module's rank-space activation. On GPUs
+  ``A`` lives in the spare rows of the projection's own weight buffer
+  (:meth:`evolm.server.fastpath.Proj.reserve`): one GEMM gives the base output AND ``u`` of all
+  members (the rows use only their member's columns; the rest is a few % of extra FLOPs, cheaper
+  than a launch-bound batched matmul per step). On CPUs ``u`` is one ``bmm``.
+- second factors ``Bt [M, r, out]``, compact: module j's ``B_j^T`` (pre-multiplied by
+  ``alpha / r``) in its own output columns; its rank-space input is ``u``'s columns
+  ``offsets[j] : offsets[j] + r``. The delta ``u_j Bt_j`` is added by the consumer: the RoPE,
+  SiLU-and-multiply and residual-add + RMSNorm kernels of :mod:`evolm.server.triton_ops`, or
+  :func:`lora_delta` eagerly.
+
+The buffers are static: :meth:`FastLora.load` copies a new population into them in place, so
+CUDA graphs captured over them stay valid.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,49 +40,95 @@ GROUP_OF = {module: group for group, modules in GROUPS.items() for module in mod
 
 @dataclass(frozen=True)
 class GroupLora:
-    """One fused projection's adapters for M members: ``A [M, c, in]``, ``Bt [M, c, out]``."""
+    """One fused projection's adapters for members ``lo .. lo + M`` of the loaded population.
+
+    ``A [M, c, in]``; ``Bt [M, r, out]`` (compact, see the module docstring); ``offsets[j]``:
+    the first rank column in ``u`` of the group's j-th module (``GROUPS`` order; -1: not
+    adapted, its Bt columns are zero); ``splits``: the modules' output widths; ``spare``: the
+    weight-buffer rows the base GEMM covers to produce ``u`` of ALL members after its ``out``
+    columns (0: ``A`` is not in the weight buffer); ``lo``: this range's first member.
+    """
 
     A: Tensor
     Bt: Tensor
+    offsets: tuple[int, ...]
+    splits: tuple[int, ...]
+    spare: int = 0
+    lo: int = 0
 
-    def members(self, lo: int, hi: int) -> GroupLora:
-        return GroupLora(self.A[lo:hi], self.Bt[lo:hi])
+    @property
+    def members(self) -> int:
+        return self.A.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.A.shape[1]
+
+    @property
+    def rank(self) -> int:
+        return self.Bt.shape[1]
+
+    def sub(self, lo: int, hi: int) -> GroupLora:
+        return GroupLora(
+            self.A[lo:hi], self.Bt[lo:hi], self.offsets, self.splits, self.spare, self.lo + lo
+        )
 
 
-def lora_parts(
-    x: Tensor, weight: Tensor, bias: Tensor | None, lora: GroupLora
-) -> tuple[Tensor, Tensor]:
-    """``(bias + x W^T, x A_m^T)``: the base output and the rank-space activations ``[rows, c]``,
-    for a consumer kernel that applies ``Bt`` itself."""
-    base = x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())
-    u = torch.bmm(x.reshape(lora.A.shape[0], -1, x.shape[-1]), lora.A.mT)
-    return base, u.view(-1, u.shape[-1])
+@dataclass(frozen=True)
+class RankActs:
+    """``u``: rank-space activations. Row ``i`` of member ``m`` (0-based in its group range)
+    reads columns ``m * member_stride .. + c`` of ``u[i]`` (``member_stride`` 0: ``u`` is
+    ``[rows, c]``; ``c``: the group's columns, when ``u`` comes out of the base GEMM, all
+    members' columns side by side)."""
+
+    u: Tensor
+    member_stride: int
+
+    def per_member(self, members: int, cols: int) -> Tensor:
+        """``[M, rows per member, cols]``: each row's own member's columns."""
+        rows = self.u.shape[0]
+        if self.member_stride == 0:
+            return self.u.view(members, rows // members, cols)
+        blocks = self.u.reshape(members, rows // members, members, cols)
+        return torch.diagonal(blocks, dim1=0, dim2=2).permute(2, 0, 1)
 
 
-def lora_linear(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    lora: GroupLora | None = None,
-    residual: Tensor | None = None,
-) -> Tensor:
-    """``residual + bias + x W^T + (x A_m^T) B_m^T`` with rows grouped by member ``m``.
+def project(
+    x: Tensor, weight: Tensor, bias: Tensor | None, out: int, lora: GroupLora | None
+) -> tuple[Tensor, RankActs | None]:
+    """``(bias + x W^T, u)`` for ``x [rows, in]``; ``weight [out + spare rows, in]`` is the
+    projection's whole buffer (its first ``out`` rows are W)."""
+    if lora is None or lora.spare == 0:
+        w, b = weight[:out], None if bias is None else bias[:out]
+        base = x @ w.t() if b is None else torch.addmm(b, x, w.t())
+        if lora is None:
+            return base, None
+        u = torch.bmm(x.reshape(lora.members, -1, x.shape[-1]), lora.A.mT)
+        return base, RankActs(u.view(-1, lora.cols), 0)
+    n = out + lora.spare
+    w, b = weight[:n], None if bias is None else bias[:n]
+    y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
+    first = out + lora.lo * lora.cols
+    return y[:, :out], RankActs(y[:, first : first + lora.members * lora.cols], lora.cols)
 
-    ``x`` is ``[rows, in]`` (rows = M * rows-per-member, member-major). The residual (or bias) is
-    the accumulator of the first matmul and the base matmul accumulates in place (``beta=1``),
-    so neither costs an extra pass over the output.
-    """
-    acc = residual if bias is None else (bias if residual is None else residual + bias)
-    if lora is None:
-        return x @ weight.t() if acc is None else torch.addmm(acc, x, weight.t())
-    members, out = lora.A.shape[0], weight.shape[0]
-    u = torch.bmm(x.reshape(members, -1, x.shape[-1]), lora.A.mT)  # [M, t, k*r]
-    if acc is None:
-        y = torch.bmm(u, lora.Bt)
-    else:
-        acc = acc.view(members, -1, out) if acc.dim() == 2 else acc
-        y = torch.baddbmm(acc, u, lora.Bt)
-    return y.view(-1, out).addmm_(x, weight.t())
+
+def lora_delta(acts: RankActs, lora: GroupLora) -> Tensor:
+    """``[rows, out]``: every module's ``u_j Bt_j`` in its output columns (eager)."""
+    u = acts.per_member(lora.members, lora.cols)
+    parts, lo = [], 0
+    for off, width in zip(lora.offsets, lora.splits, strict=True):
+        bt = lora.Bt[:, :, lo : lo + width]
+        if off < 0:
+            parts.append(u.new_zeros(*u.shape[:2], width))
+        else:
+            parts.append(torch.bmm(u[:, :, off : off + lora.rank].to(bt.dtype), bt))
+        lo += width
+    delta = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    return delta.view(-1, delta.shape[-1])
+
+
+SpareRows = Callable[[int, str, int], Tensor]
+"""``(layer, group, rows) -> [rows, in]``: spare rows of that projection's weight buffer."""
 
 
 class FastLora:
@@ -87,8 +141,8 @@ class FastLora:
         out_splits: each group's fused output widths per module (``{"qkv": (q, kv, kv), ...}``).
         pad_to: the rank columns of a group, ``k * r``, are padded with zeros to a multiple of
             this, so the matrices are 16-byte aligned and cuBLAS picks its fast kernels.
-        pow2_groups: groups padded to a power of two >= ``pad_to`` instead (the ones whose
-            second product a Triton kernel applies).
+        spare_rows: where ``A`` goes in the weight buffers (None: own buffers, ``u`` by bmm);
+            then ``c = k * r`` and the GEMM covers ``spare`` rows, a multiple of 8.
     """
 
     def __init__(
@@ -100,7 +154,7 @@ class FastLora:
         device: torch.device,
         dtype: torch.dtype,
         pad_to: int = 8,
-        pow2_groups: Collection[str] = (),
+        spare_rows: SpareRows | None = None,
     ) -> None:
         self.layout, self.members = layout, members
         r = layout.rank
@@ -109,29 +163,35 @@ class FastLora:
             slots.setdefault((t.layer, GROUP_OF[t.module]), []).append(t.module)
         self.groups: dict[tuple[int, str], GroupLora] = {}
         for (layer, group), modules in slots.items():
-            cols = _columns(len(modules) * r, pad_to, group in pow2_groups)
-            out = sum(out_splits[group])
-            self.groups[(layer, group)] = GroupLora(
-                torch.zeros(members, cols, in_features[group], device=device, dtype=dtype),
-                torch.zeros(members, cols, out, device=device, dtype=dtype),
-            )
-        # where each layout tensor goes: (group buffer, rank columns, output rows)
+            need = len(modules) * r
+            splits = out_splits[group]
+            offsets = tuple(modules.index(m) * r if m in modules else -1 for m in GROUPS[group])
+            bt = torch.zeros(members, r, sum(splits), device=device, dtype=dtype)
+            if spare_rows is None:
+                cols = -(-need // pad_to) * pad_to
+                a = torch.zeros(members, cols, in_features[group], device=device, dtype=dtype)
+                spare = 0
+            else:
+                spare = -(-members * need // 8) * 8
+                a = spare_rows(layer, group, spare)[: members * need].view(members, need, -1)
+            self.groups[(layer, group)] = GroupLora(a, bt, offsets, splits, spare)
+        # where each layout tensor goes: (group, rank columns of A, output columns of Bt)
         self._plan: list[tuple[GroupLora, slice, slice]] = []
         for t in layout.targets:
             group = GROUP_OF[t.module]
             j = slots[(t.layer, group)].index(t.module)
             pos = GROUPS[group].index(t.module)
             off = sum(out_splits[group][:pos])
-            rows = slice(off, off + out_splits[group][pos])
-            self._plan.append((self.groups[(t.layer, group)], slice(j * r, (j + 1) * r), rows))
+            cols = slice(off, off + out_splits[group][pos])
+            self._plan.append((self.groups[(t.layer, group)], slice(j * r, (j + 1) * r), cols))
 
     def load(self, population: LoraPopulation) -> None:
         """Copy ``population`` (M members, any device / dtype) into the buffers, in place."""
         if len(population) != self.members:
             raise ValueError(f"{len(population)} members for buffers of {self.members}")
-        for k, (buf, cols, rows) in enumerate(self._plan):
-            buf.A[:, cols].copy_(population.tensors[2 * k], non_blocking=True)
-            buf.Bt[:, cols, rows].copy_(population.tensors[2 * k + 1].mT, non_blocking=True)
+        for k, (buf, ranks, cols) in enumerate(self._plan):
+            buf.A[:, ranks].copy_(population.tensors[2 * k], non_blocking=True)
+            buf.Bt[:, :, cols].copy_(population.tensors[2 * k + 1].mT, non_blocking=True)
         for buf in self.groups.values():
             buf.Bt.mul_(self.layout.scaling)
 
@@ -143,13 +203,10 @@ class FastLora:
         return FastLoraView(self, lo, hi)
 
     def nbytes(self) -> int:
-        return sum(g.A.nbytes + g.Bt.nbytes for g in self.groups.values())
-
-
-def _columns(needed: int, pad_to: int, pow2: bool) -> int:
-    if pow2:
-        return max(16, 1 << (needed - 1).bit_length())
-    return -(-needed // pad_to) * pad_to
+        """Bytes of the buffers this object owns (``A`` in weight buffers not counted)."""
+        own = [g.Bt for g in self.groups.values()]
+        own += [g.A for g in self.groups.values() if g.spare == 0]
+        return sum(t.nbytes for t in own)
 
 
 class FastLoraView:
@@ -157,7 +214,8 @@ class FastLoraView:
 
     def __init__(self, lora: FastLora, lo: int, hi: int) -> None:
         self.lora, self.lo, self.hi = lora, lo, hi
+        self.members = hi - lo
 
     def get(self, layer: int, group: str) -> GroupLora | None:
         g = self.lora.get(layer, group)
-        return None if g is None else g.members(self.lo, self.hi)
+        return None if g is None else g.sub(self.lo, self.hi)

@@ -66,9 +66,9 @@ class Ops:
 
     ``mode``: ``eager`` (plain torch), ``compile`` (torch.compile'd RoPE and SiLU-and-multiply)
     or ``triton`` (:mod:`evolm.server.triton_ops`, GPU only): there decode attention is a Triton
-    kernel too (``decode_attention`` is None where the forward should use SDPA), and the
-    second LoRA product of q/k/v and of gate/up is fused into the RoPE and SiLU-and-multiply
-    kernels (``fused_lora``).
+    kernel too (``decode_attention`` is None where the forward should use SDPA), so are the
+    residual add + RMSNorm (``add_rms_norm``), and the second LoRA products are fused into
+    them and into the RoPE and SiLU-and-multiply kernels (``fused_lora``: where the rows allow).
     """
 
     MODES = ("eager", "compile", "triton")
@@ -81,12 +81,14 @@ class Ops:
         self.silu_mul: Callable[..., Tensor] = silu_mul
         self.decode_attention: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
         self.qkv_rope: Callable[..., Tensor] | None = None
+        self.add_rms_norm: Callable[..., Tensor] | None = None
         if mode == "compile":
             self.rope, self.silu_mul = _Fallback(rope), _Fallback(silu_mul)
         elif mode == "triton":
             from evolm.server import triton_ops
 
             self.silu_mul, self.qkv_rope = triton_ops.silu_mul, triton_ops.qkv_rope
+            self.add_rms_norm = triton_ops.add_rms_norm
             self.decode_attention = triton_ops.decode_attention
             self._row_block = triton_ops.row_block
 

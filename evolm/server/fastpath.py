@@ -3,13 +3,16 @@
 HF's modules spend most of a population's time in decoding: per step, dozens of small kernels
 per layer, a host sync, and a growing cache. This forward computes the same function with:
 
-- fused projections: q/k/v are one matmul and gate/up one. The fused weight buffers are built
-  once and the HF modules' parameters are turned into *views* of them, so the weights are held
-  once and an in-place edit through either path is seen by both;
-- grouped LoRA: one pair of ``bmm`` per fused projection for all members
-  (:func:`~evolm.server.fastlora.lora_linear`), the residual or bias folded into the matmuls;
-  on GPUs the second product of q/k/v and gate/up happens inside the RoPE and SiLU-and-multiply
-  kernels instead (:mod:`evolm.server.fastops`, :mod:`evolm.server.triton_ops`);
+- fused projections (:class:`Proj`): q/k/v are one matmul and gate/up one. The fused weight
+  buffers are built once and the HF modules' parameters are turned into *views* of them, so the
+  weights are held once and an in-place edit through either path is seen by both;
+- grouped LoRA (:mod:`evolm.server.fastlora`): on GPUs every member's first factors sit in spare
+  rows of the projection's weight buffer, so one GEMM gives the base output and the rank-space
+  activations of all members; the second products are applied inside the next kernel: RoPE for
+  q/k/v, SiLU-and-multiply for gate/up, and the residual-add + RMSNorm that follows o and down
+  (:mod:`evolm.server.triton_ops`). A LoRA layer then launches the same kernels as a base one;
+- the residual stream is updated by the norm: ``h = rmsnorm(x += y + delta)``, where ``y`` is
+  the o or down output (the "pending" add of the previous block);
 - a static KV cache ``[layers, rows, kv_heads, slots, head_dim]``: prefill (last-position
   logits only) writes slots ``0..L-1``; decode step ``t`` writes slot ``L + t`` and attends
   over the first ``E`` slots through an additive mask, so every step has the same shapes and
@@ -30,26 +33,59 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from evolm.server.fastlora import FastLora, FastLoraView, GroupLora, lora_linear, lora_parts
+from evolm.server.fastlora import (
+    FastLora,
+    FastLoraView,
+    GroupLora,
+    RankActs,
+    lora_delta,
+    project,
+)
 from evolm.server.fastops import Ops, default_mode
-from evolm.server.fastweights import base_linear, fuse, unsupported_reason
+from evolm.server.fastweights import fuse, unsupported_reason
 
 LoraLike = FastLora | FastLoraView | None
+Pending = tuple[Tensor, RankActs | None, GroupLora | None]
+"""An o / down output not yet added to the residual: ``(y, u, its group)``."""
 
 
 def _group(lora: LoraLike, layer: int, name: str) -> GroupLora | None:
     return None if lora is None else lora.get(layer, name)
 
 
+class Proj:
+    """A fused projection over ``modules``: ``weight [out + spare, in]`` (and ``bias``), whose
+    first ``out`` rows are the modules' weights (their parameters are views) and whose spare
+    rows hold LoRA first factors (see :mod:`evolm.server.fastlora`)."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = modules
+        self.weight, self.bias = fuse(modules)
+        self.out = self.weight.shape[0]
+
+    def reserve(self, spare: int) -> bool:
+        """At least ``spare`` spare rows; True when the buffer had to be reallocated."""
+        if self.weight.shape[0] - self.out >= spare:
+            return False
+        self.weight, self.bias = fuse(self.modules, spare)
+        return True
+
+    def spare_rows(self, rows: int) -> Tensor:
+        return self.weight[self.out : self.out + rows]
+
+    def project(self, x: Tensor, lora: GroupLora | None) -> tuple[Tensor, RankActs | None]:
+        """``(bias + x W^T, u)``: see :func:`evolm.server.fastlora.project`."""
+        return project(x, self.weight, self.bias, self.out, lora)
+
+
 @dataclass(frozen=True)
 class FastLayer:
     ln1: Tensor
     ln2: Tensor
-    qkv: Tensor
-    qkv_bias: Tensor | None
-    o: Tensor
-    gate_up: Tensor
-    down: Tensor
+    qkv: Proj
+    o: Proj
+    gate_up: Proj
+    down: Proj
 
 
 @dataclass
@@ -93,28 +129,26 @@ class FastModel:
         self.layers = [self._layer(layer) for layer in inner.layers]
         self.ops = Ops(ops or default_mode(self.embed.device))
         self.decode_sdpa = decode_sdpa  # force SDPA (this backend) for decode attention
+        self.weights_version = 0  # bumped when a weight buffer is reallocated (spare rows)
 
     def set_ops(self, mode: str) -> None:
         self.ops = Ops(mode)
 
     def _layer(self, layer: nn.Module) -> FastLayer:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv, qkv_bias = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-        gate_up, _ = fuse([mlp.gate_proj, mlp.up_proj])
         return FastLayer(
             ln1=layer.input_layernorm.weight,
             ln2=layer.post_attention_layernorm.weight,
-            qkv=qkv,
-            qkv_bias=qkv_bias,
-            o=base_linear(attn.o_proj).weight,
-            gate_up=gate_up,
-            down=base_linear(mlp.down_proj).weight,
+            qkv=Proj([attn.q_proj, attn.k_proj, attn.v_proj]),
+            o=Proj([attn.o_proj]),
+            gate_up=Proj([mlp.gate_proj, mlp.up_proj]),
+            down=Proj([mlp.down_proj]),
         )
 
     def weight_bytes(self) -> int:
         """Bytes of the embedding and the layers' projection weights (for memory budgets)."""
-        tensors = [self.embed, *(t for w in self.layers for t in (w.qkv, w.o, w.gate_up, w.down))]
-        return sum(t.nbytes for t in tensors)
+        projs = [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)]
+        return self.embed.nbytes + sum(p.weight.nbytes for p in projs)
 
     # -- shapes the grouped LoRA needs ---------------------------------------------------
     def lora_dims(self) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
@@ -127,6 +161,14 @@ class FastModel:
         }
         return ins, outs
 
+    def spare_rows(self, layer: int, group: str, rows: int) -> Tensor:
+        """``rows`` spare rows of a projection's weight buffer (grown if needed, which bumps
+        :attr:`weights_version`: views and CUDA graphs over the old buffer are stale)."""
+        proj: Proj = getattr(self.layers[layer], group)
+        if proj.reserve(rows):
+            self.weights_version += 1
+        return proj.spare_rows(rows)
+
     def new_cache(self, rows: int, slots: int) -> KVCache:
         shape = (len(self.layers), rows, self.kv_heads, slots, self.head_dim)
         kw = {"dtype": self.embed.dtype, "device": self.embed.device}
@@ -138,72 +180,78 @@ class FastModel:
         cos, sin = self.rotary(self.embed[:1], positions)
         return cos[0], sin[0]
 
-    def logits(self, x: Tensor, out: Tensor | None = None) -> Tensor:
-        """LM-head logits ``[rows, vocab]`` of hidden states ``x`` (final norm applied here)."""
-        return self._head(F.rms_norm(x, (self.hidden,), self.norm, self.eps), out)
-
-    def greedy(self, x: Tensor, tokens: Tensor, scratch: Tensor) -> None:
-        """Argmax of the logits of ``x [rows, hidden]`` into ``tokens [rows]``, ``len(scratch)``
-        rows at a time: the logits of all rows are never held at once."""
-        h = F.rms_norm(x, (self.hidden,), self.norm, self.eps)
-        for lo in range(0, h.shape[0], scratch.shape[0]):
-            hi = min(h.shape[0], lo + scratch.shape[0])
-            torch.argmax(self._head(h[lo:hi], scratch[: hi - lo]), dim=-1, out=tokens[lo:hi])
-
-    def _head(self, h: Tensor, out: Tensor | None) -> Tensor:
+    def logits(self, h: Tensor, out: Tensor | None = None) -> Tensor:
+        """LM-head logits ``[rows, vocab]`` of final-normed hidden states ``h``."""
         weight, bias = self.lm_head.weight, self.lm_head.bias
         if bias is not None:
             return torch.addmm(bias, h, weight.t(), out=out)
         return torch.mm(h, weight.t(), out=out)
 
-    def _mlp(self, i: int, w: FastLayer, x: Tensor, lora: LoraLike) -> Tensor:
-        h = F.rms_norm(x, (self.hidden,), w.ln2, self.eps)
+    def greedy(self, h: Tensor, tokens: Tensor, scratch: Tensor) -> None:
+        """Argmax of the logits of final-normed ``h [rows, hidden]`` into ``tokens [rows]``,
+        ``len(scratch)`` rows at a time: the logits of all rows are never held at once."""
+        for lo in range(0, h.shape[0], scratch.shape[0]):
+            hi = min(h.shape[0], lo + scratch.shape[0])
+            torch.argmax(self.logits(h[lo:hi], scratch[: hi - lo]), dim=-1, out=tokens[lo:hi])
+
+    # -- one layer -----------------------------------------------------------------------
+    def _fused(self, rows: int, g: GroupLora | None) -> bool:
+        """Can the Triton kernels apply ``g``'s second products for these rows?"""
+        return g is None or self.ops.fused_lora(rows, g.members)
+
+    def add_norm(self, x: Tensor, pending: Pending | None, weight: Tensor) -> Tensor:
+        """``x += y + u Bt`` (the pending o / down output, in place), then RMSNorm of ``x``."""
+        y, u, g = pending if pending is not None else (None, None, None)
+        if self.ops.add_rms_norm is not None:
+            return self.ops.add_rms_norm(x, weight, self.eps, y, u, g)
+        if y is not None:
+            x.add_(y)
+        if u is not None and g is not None:
+            x.add_(lora_delta(u, g))
+        return F.rms_norm(x, (self.hidden,), weight, self.eps)
+
+    def _mlp(self, i: int, w: FastLayer, h: Tensor, lora: LoraLike) -> Pending:
         g = _group(lora, i, "gate_up")
-        if self.ops.mode == "triton" and (
-            g is None or self.ops.fused_lora(h.shape[0], g.A.shape[0])
-        ):
-            if g is None:
-                act = self.ops.silu_mul(h @ w.gate_up.t())
-            else:
-                base, u = lora_parts(h, w.gate_up, None, g)
-                act = self.ops.silu_mul(base, u, g.Bt, h.shape[0] // g.A.shape[0])
+        base, u = w.gate_up.project(h, g)
+        if self.ops.mode == "triton" and self._fused(h.shape[0], g):
+            act = self.ops.silu_mul(base, u, g)
         else:
-            act = self.ops.silu_mul(lora_linear(h, w.gate_up, None, g))
-        return lora_linear(act, w.down, None, _group(lora, i, "down"), residual=x)
+            act = self.ops.silu_mul(base if u is None else base + lora_delta(u, g))  # type: ignore[arg-type]
+        gd = _group(lora, i, "down")
+        y, ud = w.down.project(act, gd)
+        return y, ud, gd
 
     def _qkv(
         self,
         i: int,
         w: FastLayer,
-        x: Tensor,
+        h: Tensor,
         lora: LoraLike,
         cos: Tensor,
         sin: Tensor,
         cache: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """q ``[T, heads, hd]``, k and v ``[T, kv_heads, hd]`` (RoPE applied) for tokens ``x``;
+        """q ``[T, heads, hd]``, k and v ``[T, kv_heads, hd]`` (RoPE applied) for normed ``h``;
         ``cos``/``sin`` are ``[T, 1, hd]``. With ``cache = (k_cache, v_cache, slot)`` (decode)
         k and v are written at ``slot`` and come back as None."""
-        h = F.rms_norm(x, (self.hidden,), w.ln1, self.eps)
         g, tokens, rot = _group(lora, i, "qkv"), h.shape[0], self.heads + self.kv_heads
-        if self.ops.qkv_rope is not None and (
-            g is None or self.ops.fused_lora(tokens, g.A.shape[0])
-        ):
-            if g is None:
-                base, u, bt, rpm = lora_linear(h, w.qkv, w.qkv_bias), None, None, 0
-            else:
-                (base, u), bt = lora_parts(h, w.qkv, w.qkv_bias, g), g.Bt
-                rpm = tokens // g.A.shape[0]
+        base, u = w.qkv.project(h, g)
+        if self.ops.qkv_rope is not None and self._fused(tokens, g):
             qkv = base.view(tokens, -1, self.head_dim)
-            out = self.ops.qkv_rope(qkv, cos, sin, rot, u, bt, rpm, cache)
+            out = self.ops.qkv_rope(qkv, cos, sin, rot, u, g, cache)
             if cache is not None:
                 return out[:, : self.heads], None, None
             return out[:, : self.heads], out[:, self.heads : rot], out[:, rot:]
-        qkv = lora_linear(h, w.qkv, w.qkv_bias, g)
-        qk = qkv[:, : self.q_out + self.kv_out].view(tokens, -1, self.head_dim)
+        qkv = base if u is None else base + lora_delta(u, g)  # type: ignore[arg-type]
+        qk = qkv[:, : self.q_out + self.kv_out].reshape(tokens, -1, self.head_dim)
         qk = self.ops.rope(qk, cos, sin)
-        v = qkv[:, self.q_out + self.kv_out :].view(tokens, -1, self.head_dim)
+        v = qkv[:, self.q_out + self.kv_out :].reshape(tokens, -1, self.head_dim)
         return qk[:, : self.heads], qk[:, self.heads :], v
+
+    def _attention_out(self, i: int, w: FastLayer, attn: Tensor, lora: LoraLike) -> Pending:
+        g = _group(lora, i, "o")
+        y, u = w.o.project(attn, g)
+        return y, u, g
 
     # -- prefill -------------------------------------------------------------------------
     def prefill(
@@ -224,18 +272,21 @@ class FastModel:
         r, length = ids.shape
         x = F.embedding(ids, self.embed).view(r * length, self.hidden)
         cos, sin = cos.reshape(r * length, 1, -1), sin.reshape(r * length, 1, -1)
+        pending: Pending | None = None
         for i, w in enumerate(self.layers):
+            h = self.add_norm(x, pending, w.ln1)
             q, k, v = (
                 t.view(r, length, -1, self.head_dim).transpose(1, 2)  # type: ignore[union-attr]
-                for t in self._qkv(i, w, x, lora, cos, sin)
+                for t in self._qkv(i, w, h, lora, cos, sin)
             )
             cache.k[i, rows, :, :length] = k
             cache.v[i, rows, :, :length] = v
             attn = self._prefill_attention(q, k, v, mask)
             attn = attn.transpose(1, 2).reshape(r * length, self.q_out)
-            x = lora_linear(attn, w.o, None, _group(lora, i, "o"), residual=x)
-            x = self._mlp(i, w, x, lora)
-        return self.logits(x.view(r, length, self.hidden)[:, -1])
+            h = self.add_norm(x, self._attention_out(i, w, attn, lora), w.ln2)
+            pending = self._mlp(i, w, h, lora)
+        h = self.add_norm(x, pending, self.norm)
+        return self.logits(h.view(r, length, self.hidden)[:, -1])
 
     def _decode_backend(self) -> AbstractContextManager[None]:
         """``decode_sdpa``: None (torch's choice) or an SDPBackend name, e.g. ``"MATH"``."""
@@ -263,14 +314,16 @@ class FastModel:
     ) -> Tensor:
         """One token per row: ``tokens [R]`` at RoPE ``cos``/``sin [R, head_dim]``; K/V go to
         cache slot ``slot`` (a 1-element device tensor); attention over the first ``E`` slots
-        with the additive ``bias [R, E]``. Returns the last hidden states (for :meth:`logits`
-        or :meth:`greedy`). No host sync."""
+        with the additive ``bias [R, E]``. Returns the final-normed hidden states (for
+        :meth:`logits` or :meth:`greedy`). No host sync."""
         rows, slots = tokens.shape[0], bias.shape[1]
         group = self.heads // self.kv_heads
         x = F.embedding(tokens, self.embed)
         cos, sin, bias4 = cos[:, None], sin[:, None], bias[:, None, None]
+        pending: Pending | None = None
         for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(i, w, x, lora, cos, sin, (cache.k[i], cache.v[i], slot))
+            h = self.add_norm(x, pending, w.ln1)
+            q, k, v = self._qkv(i, w, h, lora, cos, sin, (cache.k[i], cache.v[i], slot))
             if k is not None and v is not None:  # not written by the fused kernel
                 cache.k[i].index_copy_(2, slot, k[:, :, None])
                 cache.v[i].index_copy_(2, slot, v[:, :, None])
@@ -281,8 +334,7 @@ class FastModel:
             else:
                 with self._decode_backend():
                     attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
-            x = lora_linear(
-                attn.reshape(rows, self.q_out), w.o, None, _group(lora, i, "o"), residual=x
-            )
-            x = self._mlp(i, w, x, lora)
-        return x
+            attn = attn.reshape(rows, self.q_out)
+            h = self.add_norm(x, self._attention_out(i, w, attn, lora), w.ln2)
+            pending = self._mlp(i, w, h, lora)
+        return self.add_norm(x, pending, self.norm)

@@ -32,17 +32,26 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
-def fuse(modules: list[nn.Module]) -> tuple[Tensor, Tensor | None]:
-    """One weight (and bias) buffer for ``modules``; their parameters become views of it."""
+def fuse(modules: list[nn.Module], spare: int = 0) -> tuple[Tensor, Tensor | None]:
+    """One weight (and bias) buffer for ``modules``, with at least ``spare`` zero rows after
+    theirs (for LoRA first factors); their parameters become views of it. An existing buffer
+    with enough spare rows is reused; a new one copies the weights from the current views."""
     linears = [base_linear(m) for m in modules]
+    out = sum(lin.out_features for lin in linears)
     cached = getattr(modules[0], "_evolm_fused", None)
-    if cached is not None and cached[0][: linears[0].out_features].data_ptr() == (
-        linears[0].weight.data_ptr()
+    if (
+        cached is not None
+        and cached[0].shape[0] >= out + spare
+        and cached[0].data_ptr() == linears[0].weight.data_ptr()
     ):
         return cached
-    weight = torch.cat([lin.weight.data for lin in linears])
+    first = linears[0].weight
+    extra = first.new_zeros(spare, first.shape[1])
+    weight = torch.cat([lin.weight.data for lin in linears] + [extra])
     biases = [lin.bias for lin in linears]
-    bias = None if biases[0] is None else torch.cat([b.data for b in biases])  # type: ignore[union-attr]
+    bias = None
+    if biases[0] is not None:
+        bias = torch.cat([b.data for b in biases] + [biases[0].new_zeros(spare)])  # type: ignore[union-attr]
     off = 0
     for lin in linears:
         n = lin.out_features

@@ -233,12 +233,17 @@ class LocalEngine:
         assert self.fast is not None
         lora = self._fast_lora.get(len(adapters))
         if lora is None:
-            ins, outs = self.fast.model.lora_dims()
-            # the Triton kernels that apply qkv's and gate/up's Bt need 2^k >= 16 columns
-            fused = ("qkv", "gate_up") if self.fast.model.ops.mode == "triton" else ()
+            model = self.fast.model
+            ins, outs = model.lora_dims()
+            # on GPUs the first factors go in spare rows of the weights: one GEMM for both
+            spare = model.spare_rows if model.ops.mode == "triton" else None
+            version = model.weights_version
             lora = FastLora(
-                self.layout, len(adapters), ins, outs, self.device, self.dtype, self.lora_pad, fused
+                self.layout, len(adapters), ins, outs, self.device, self.dtype, self.lora_pad, spare
             )
+            if model.weights_version != version:  # weights moved: older buffers and graphs
+                self._fast_lora.clear()
+                self.fast.workspace = None
             self._fast_lora[len(adapters)] = lora
         lora.load(adapters)
         return lora

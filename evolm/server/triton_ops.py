@@ -5,7 +5,12 @@
   cuDNN's SDPA kernel pads the ``g`` queries to a 64-row tile and reached ~45% of HBM bandwidth
   here; this reads each cache byte once per step.
 - :func:`silu_mul`: ``silu(gate) * up`` from the fused gate/up output, one pass.
-- :func:`rope`: HF's rotary embedding on the q and k heads of the fused qkv output, one pass.
+- :func:`qkv_rope`: HF's rotary embedding on the q and k heads of the fused qkv output, one
+  pass, k and v written into the decode cache.
+- :func:`add_rms_norm`: the residual add of the o / down output and RMSNorm, one kernel.
+
+The LoRA variants add each row's member's delta ``u_j Bt_j`` (see :mod:`evolm.server.fastlora`)
+inside the same pass, so a LoRA layer launches no more kernels than a base one.
 
 All compute in float32 and round once. ``TRITON_INTERPRET=1`` runs them on CPU tensors (tests).
 """
@@ -16,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from evolm.server.fastlora import GroupLora, RankActs
 
 
 @triton.jit
@@ -76,15 +83,40 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
 
 
 def row_block(rows_per_member: int) -> int:
-    """Rows a fused-LoRA program covers: one member's rows only (0: cannot fuse)."""
+    """Rows a fused-LoRA RoPE / SiLU program covers: one member's rows only (0: cannot fuse)."""
     return next((b for b in (32, 16) if rows_per_member % b == 0), 0)
+
+
+def norm_rows(rows_per_member: int) -> int:
+    """Rows an add + RMSNorm program covers with LoRA (a divisor of the member's rows)."""
+    return next(b for b in (4, 2, 1) if rows_per_member % b == 0)
+
+
+def _lora_args(
+    u: RankActs | None, g: GroupLora | None, like: Tensor
+) -> tuple[Tensor, Tensor, int, int, int, int, int, tuple[int, ...]]:
+    """Pointers, strides, rank, padded rank and the modules' u offsets of an optional LoRA."""
+    if u is None or g is None:
+        return like, like, 0, 0, 0, 0, 1, (0, 0, 0)
+    offs = (*(max(o, 0) for o in g.offsets), 0, 0)
+    return (
+        u.u,
+        g.Bt,
+        u.u.stride(0),
+        u.member_stride,
+        g.Bt.stride(0),
+        g.Bt.stride(1),
+        g.rank,
+        offs,
+    )
 
 
 @triton.jit
 def _silu_mul_kernel(
-    x_ptr, u_ptr, b_ptr, out_ptr, n_rows, inter, sx, su, sb_m, sb_c, so, rpm,
-    HAS_LORA: tl.constexpr, C: tl.constexpr, BT: tl.constexpr, BLOCK: tl.constexpr,
-    PRECISION: tl.constexpr,
+    x_ptr, u_ptr, b_ptr, out_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
+    off_g, off_u,
+    HAS_LORA: tl.constexpr, R: tl.constexpr, C: tl.constexpr, BT: tl.constexpr,
+    BLOCK: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tb, blk = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -93,36 +125,42 @@ def _silu_mul_kernel(
     at = x_ptr + rows[:, None] * sx + cols[None, :]
     gate = tl.load(at, mask=ok).to(tl.float32)
     up = tl.load(at + inter, mask=ok).to(tl.float32)
-    if HAS_LORA:  # + (x A_m^T) Bt_m for this member's rows
+    if HAS_LORA:  # + u_j Bt_j for this member's rows (gate: module 0, up: module 1)
+        m = (tb * BT) // rpm
         offs_c = tl.arange(0, C)
-        u = tl.load(u_ptr + rows[:, None] * su + offs_c[None, :], mask=rows[:, None] < n_rows)
-        b_at = b_ptr + ((tb * BT) // rpm) * sb_m + offs_c[:, None] * sb_c + cols[None, :]
-        b_ok = cols[None, :] < inter
-        gate += tl.dot(u, tl.load(b_at, mask=b_ok), input_precision=PRECISION)
-        up += tl.dot(u, tl.load(b_at + inter, mask=b_ok), input_precision=PRECISION)
+        c_ok = offs_c < R
+        u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
+        u_ok = (rows[:, None] < n_rows) & c_ok[None, :]
+        u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0)
+        u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0)
+        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
+        b_ok = c_ok[:, None] & (cols[None, :] < inter)
+        b_g = tl.load(b_at, mask=b_ok, other=0.0)
+        b_u = tl.load(b_at + inter, mask=b_ok, other=0.0)
+        gate += tl.dot(u_g.to(b_g.dtype), b_g, input_precision=PRECISION)
+        up += tl.dot(u_u.to(b_u.dtype), b_u, input_precision=PRECISION)
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(
         out_ptr + rows[:, None] * so + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok
     )
 
 
-def silu_mul(
-    gate_up: Tensor, u: Tensor | None = None, bt: Tensor | None = None, rpm: int = 0
-) -> Tensor:
-    """``silu(gate) * up`` for ``gate_up [T, 2 * inter]`` (row-contiguous); ``[T, inter]``.
+def silu_mul(gate_up: Tensor, u: RankActs | None = None, g: GroupLora | None = None) -> Tensor:
+    """``silu(gate) * up`` for ``gate_up [T, 2 * inter]`` (rows may be strided); ``[T, inter]``.
 
-    With ``u [T, c]`` and ``bt [M, c, 2 * inter]`` the LoRA delta ``u Bt_m`` of each row's
-    member (``rpm`` rows per member) is added to gate and up first, in the same pass."""
+    With ``u`` and the group ``g`` each row's LoRA delta ``u_j Bt_j`` is added to gate and up
+    first, in the same pass (rows per member a multiple of 16, see :func:`row_block`)."""
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
-    bt_rows = row_block(rpm) if u is not None else 16
+    lora = u is not None and g is not None
+    rpm = rows // g.members if lora else 1  # type: ignore[union-attr]
+    bt_rows = row_block(rpm) if lora else 16
     block = 8192 // bt_rows
-    lora = u is not None and bt is not None
+    up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(u, g, gate_up)
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
-        gate_up, u if lora else gate_up, bt if lora else gate_up, out, rows, inter,
-        gate_up.stride(0), u.stride(0) if lora else 0, bt.stride(0) if lora else 0,
-        bt.stride(1) if lora else 0, out.stride(0), max(rpm, 1),
-        HAS_LORA=lora, C=bt.shape[1] if lora else 16, BT=bt_rows, BLOCK=block,
+        gate_up, up_, bt, out, rows, inter,
+        gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
+        HAS_LORA=lora, R=rank, C=_dot_cols(rank), BT=bt_rows, BLOCK=block,
         PRECISION=_precision(gate_up), num_warps=8,
     )  # fmt: skip
     return out
@@ -131,10 +169,10 @@ def silu_mul(
 @triton.jit
 def _qkv_rope_kernel(
     x_ptr, cos_ptr, sin_ptr, u_ptr, b_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr,
-    n_rows, q_heads, rot_heads, sx_t, sx_h, sc_t, su, sb_m, sb_c, so_t, so_h,
-    skc_r, skc_h, skc_n, svc_r, svc_h, svc_n, rpm,
-    HAS_LORA: tl.constexpr, C: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr,
-    TO_CACHE: tl.constexpr, PRECISION: tl.constexpr,
+    n_rows, q_heads, rot_heads, sx_t, sx_h, sc_t, su, su_m, sb_m, sb_c, so_t, so_h,
+    skc_r, skc_h, skc_n, svc_r, svc_h, svc_n, rpm, off_q, off_k, off_v,
+    HAS_LORA: tl.constexpr, R: tl.constexpr, C: tl.constexpr, BT: tl.constexpr,
+    HALF: tl.constexpr, TO_CACHE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tb, h = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -143,13 +181,21 @@ def _qkv_rope_kernel(
     at = x_ptr + rows[:, None] * sx_t + h * sx_h + offs_d[None, :]
     x1 = tl.load(at, mask=ok).to(tl.float32)
     x2 = tl.load(at + HALF, mask=ok).to(tl.float32)
-    if HAS_LORA:  # + (x A_m^T) Bt_m on this head's columns
+    if HAS_LORA:  # + u_j Bt_j on this head's columns (j: the head's module, q, k or v)
+        m = (tb * BT) // rpm
+        off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
         offs_c = tl.arange(0, C)
-        u = tl.load(u_ptr + rows[:, None] * su + offs_c[None, :], mask=ok)
-        b_at = b_ptr + ((tb * BT) // rpm) * sb_m + offs_c[:, None] * sb_c
-        b_at += h * 2 * HALF + offs_d[None, :]
-        x1 += tl.dot(u, tl.load(b_at), input_precision=PRECISION)
-        x2 += tl.dot(u, tl.load(b_at + HALF), input_precision=PRECISION)
+        c_ok = offs_c < R
+        u = tl.load(
+            u_ptr + rows[:, None] * su + m * su_m + off + offs_c[None, :],
+            mask=ok & c_ok[None, :],
+            other=0.0,
+        )
+        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + h * 2 * HALF + offs_d[None, :]
+        b1 = tl.load(b_at, mask=c_ok[:, None], other=0.0)
+        b2 = tl.load(b_at + HALF, mask=c_ok[:, None], other=0.0)
+        x1 += tl.dot(u.to(b1.dtype), b1, input_precision=PRECISION)
+        x2 += tl.dot(u.to(b2.dtype), b2, input_precision=PRECISION)
     c_at = rows[:, None] * sc_t + offs_d[None, :]
     c1, c2 = tl.load(cos_ptr + c_at, mask=ok), tl.load(cos_ptr + c_at + HALF, mask=ok)
     s1, s2 = tl.load(sin_ptr + c_at, mask=ok), tl.load(sin_ptr + c_at + HALF, mask=ok)
@@ -162,15 +208,16 @@ def _qkv_rope_kernel(
     tl.store(o_at + HALF, o2.to(ty), mask=ok)
     if TO_CACHE:  # decode: k and v heads also go straight into cache slot ``slot``
         slot = tl.load(slot_ptr)
-        is_k, is_v = (h >= q_heads) & (h < rot_heads), h >= rot_heads
+        hs = tl.full([BT, 1], h, tl.int32)  # the head as a tensor: masks stay [BT, 1]
+        is_k, is_v = ok & (hs >= q_heads) & (hs < rot_heads), ok & (hs >= rot_heads)
         k_at = kc_ptr + rows[:, None] * skc_r + (h - q_heads) * skc_h + slot * skc_n
         v_at = vc_ptr + rows[:, None] * svc_r + (h - rot_heads) * svc_h + slot * svc_n
         k_at += offs_d[None, :]
         v_at += offs_d[None, :]
-        tl.store(k_at, o1.to(ty), mask=ok & is_k)
-        tl.store(k_at + HALF, o2.to(ty), mask=ok & is_k)
-        tl.store(v_at, o1.to(ty), mask=ok & is_v)
-        tl.store(v_at + HALF, o2.to(ty), mask=ok & is_v)
+        tl.store(k_at, o1.to(ty), mask=is_k)
+        tl.store(k_at + HALF, o2.to(ty), mask=is_k)
+        tl.store(v_at, o1.to(ty), mask=is_v)
+        tl.store(v_at + HALF, o2.to(ty), mask=is_v)
 
 
 def qkv_rope(
@@ -178,34 +225,115 @@ def qkv_rope(
     cos: Tensor,
     sin: Tensor,
     rot_heads: int,
-    u: Tensor | None = None,
-    bt: Tensor | None = None,
-    rpm: int = 0,
+    u: RankActs | None = None,
+    g: GroupLora | None = None,
     cache: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``qkv [T, heads, hd]`` (last dim contiguous) with RoPE (``cos``/``sin`` one ``[hd]`` row
     per token) applied to the first ``rot_heads`` heads; a new contiguous ``[T, heads, hd]``.
 
-    With ``u [T, c]`` and ``bt [M, c, heads * hd]`` each row's LoRA delta is added first. With
+    With ``u`` and the group ``g`` each row's LoRA delta is added first. With
     ``cache = (k [T, kv_heads, S, hd], v, slot)`` (one token per row) the k heads (after the q
     heads, up to ``rot_heads``) and the v heads (the rest) are also written at ``slot``."""
     n, heads, hd = qkv.shape
     ct, st = cos.reshape(-1, hd), sin.reshape(-1, hd)
     out = torch.empty(n, heads, hd, dtype=qkv.dtype, device=qkv.device)
-    lora = u is not None and bt is not None
+    lora = u is not None and g is not None
+    rpm = n // g.members if lora else 1  # type: ignore[union-attr]
     bt_rows = row_block(rpm) if lora else 16
     kc, vc, slot = cache if cache is not None else (out[:, :, None], out[:, :, None], out)
     q_heads = rot_heads - (heads - rot_heads)  # as many k heads as v heads
+    up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(u, g, qkv)
     _qkv_rope_kernel[(triton.cdiv(n, bt_rows), heads)](
-        qkv, ct, st, u if lora else qkv, bt if lora else qkv, out, kc, vc, slot,
+        qkv, ct, st, up_, bt, out, kc, vc, slot,
         n, q_heads, rot_heads, qkv.stride(0), qkv.stride(1), ct.stride(0),
-        u.stride(0) if lora else 0, bt.stride(0) if lora else 0, bt.stride(1) if lora else 0,
-        out.stride(0), out.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        vc.stride(0), vc.stride(1), vc.stride(2), max(rpm, 1),
-        HAS_LORA=lora, C=bt.shape[1] if lora else 16, BT=bt_rows, HALF=hd // 2,
+        su, su_m, sb_m, sb_c, out.stride(0), out.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        rpm, offs[0], offs[1], offs[2],
+        HAS_LORA=lora, R=rank, C=_dot_cols(rank), BT=bt_rows, HALF=hd // 2,
         TO_CACHE=cache is not None, PRECISION=_precision(qkv), num_warps=4,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, y_ptr, u_ptr, b_ptr, w_ptr, h_ptr, n_rows, hidden,
+    sx, sy, su, su_m, sb_m, sb_c, sh, rpm, eps,
+    HAS_Y: tl.constexpr, HAS_LORA: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    tb = tl.program_id(0)
+    rows = tb * BT + tl.arange(0, BT)
+    r_ok = rows[:, None] < n_rows
+    ty = x_ptr.dtype.element_ty
+    if HAS_LORA:
+        m = (tb * BT) // rpm
+        offs_c = tl.arange(0, C)
+        c_ok = offs_c < R
+        u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
+        u = tl.load(u_at, mask=r_ok & c_ok[None, :], other=0.0).to(tl.float32)
+    ss = tl.zeros([BT], tl.float32)
+    for k0 in range(0, hidden, BK):  # x += y + u Bt (stored, rounded), sum of squares
+        cols = k0 + tl.arange(0, BK)
+        ok = r_ok & (cols[None, :] < hidden)
+        x_at = x_ptr + rows[:, None] * sx + cols[None, :]
+        x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
+        if HAS_Y:
+            x += tl.load(y_ptr + rows[:, None] * sy + cols[None, :], mask=ok, other=0.0).to(
+                tl.float32
+            )
+        if HAS_LORA:
+            b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
+            bt = tl.load(b_at, mask=c_ok[:, None] & (cols[None, :] < hidden), other=0.0)
+            x += tl.sum(u[:, :, None] * bt.to(tl.float32)[None, :, :], axis=1)
+        if HAS_Y or HAS_LORA:
+            x = x.to(ty).to(tl.float32)
+            tl.store(x_at, x.to(ty), mask=ok)
+        ss += tl.sum(x * x, axis=1)
+    if HAS_Y or HAS_LORA:
+        tl.debug_barrier()  # this program's stores are visible to all of its threads
+    rstd = 1.0 / tl.sqrt(ss / hidden + eps)
+    for k0 in range(0, hidden, BK):  # h = w * (x * rstd), rounded like HF's RMSNorm
+        cols = k0 + tl.arange(0, BK)
+        ok = r_ok & (cols[None, :] < hidden)
+        x = tl.load(x_ptr + rows[:, None] * sx + cols[None, :], mask=ok, other=0.0)
+        w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
+        h = (x.to(tl.float32) * rstd[:, None]).to(ty).to(tl.float32) * w[None, :]
+        tl.store(h_ptr + rows[:, None] * sh + cols[None, :], h.to(ty), mask=ok)
+
+
+def add_rms_norm(
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    y: Tensor | None = None,
+    u: RankActs | None = None,
+    g: GroupLora | None = None,
+) -> Tensor:
+    """``x += y + u_m Bt_m`` in place (each present), then ``rmsnorm(x) * weight``, one kernel.
+
+    ``x [T, hidden]`` contiguous rows; ``y [T, hidden]`` may be a strided view (a GEMM's output
+    columns); ``u``/``g``: the pending LoRA's rank activations and group (single module)."""
+    rows, hidden = x.shape
+    h = torch.empty_like(x)
+    lora = u is not None and g is not None
+    rpm = rows // g.members if lora else 1  # type: ignore[union-attr]
+    bt_rows = norm_rows(rpm) if lora else 4
+    up_, bt, su, su_m, sb_m, sb_c, rank, _ = _lora_args(u, g, x)
+    yy = x if y is None else y
+    _add_rms_norm_kernel[(triton.cdiv(rows, bt_rows),)](
+        x, yy, up_, bt, weight, h, rows, hidden,
+        x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), rpm, eps,
+        HAS_Y=y is not None, HAS_LORA=lora, R=rank, C=max(2, triton.next_power_of_2(rank)),
+        BT=bt_rows, BK=256, num_warps=4,
+    )  # fmt: skip
+    return h
+
+
+def _dot_cols(rank: int) -> int:
+    """``tl.dot``'s inner size for ``rank`` columns: a power of two >= 16 (masked beyond)."""
+    return max(16, triton.next_power_of_2(max(rank, 1)))
 
 
 def _precision(x: Tensor) -> str:

@@ -1,0 +1,42 @@
+"""Run with ``TRITON_INTERPRET=1`` (set before Triton is imported): the Triton kernels and the
+whole fast path in Triton mode on CPU tensors in fp32. Prints one JSON line of results.
+
+Driven by ``test_triton_interpreted.py`` in a subprocess; the interpreter checks the kernels'
+logic (indexing, masks, LoRA offsets, the fused residual add) on the CPU machines, where no GPU
+can compile them. bf16 is not checked here: the interpreter's bf16 dot is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from test_fastpath import check_forced, check_triton_ops, population
+
+from evolm.bench.shapes import build_model
+from evolm.lora import LoraLayout, LoraSpec
+from evolm.server.local import LocalEngine
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1"
+    check_triton_ops(torch.device("cpu"), torch.float32)
+    model = build_model("tiny", torch.device("cpu"), torch.float32, seed=3)
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
+    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine.fast.model.set_ops("triton")
+    out = {}
+    for prompts in (16, 3):  # 16 rows per member: LoRA fused into the kernels; 3: eager delta
+        out[f"lora_{prompts}"] = check_forced(engine, population(layout, 3), prompts)
+        out[f"base_{prompts}"] = check_forced(engine, None, prompts)
+    out["spare_rows"] = engine.fast.model.layers[0].qkv.weight.shape[0]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
