@@ -240,7 +240,7 @@ class ES:
             opt=opt,
         )
         stats = _fitness_stats(fitness)
-        stats["update_norm"] = _global_norm([a - b for a, b in zip(mean, state.mean, strict=True)])
+        stats["update_norm"] = _global_norm(torch._foreach_sub(mean, state.mean))
         stats["mean_norm"] = _global_norm(mean)
         return new_state, stats
 
@@ -254,12 +254,19 @@ class ES:
             if w != 0.0:
                 acc.add_(fill_member_noise(buf, seed, gen), alpha=w)
         n = self.population_size
+        coefs = [
+            scale / n if self.update == "paper" else 1.0 / (n * self.sigma * scale)
+            for scale in state.scales
+        ]
+        if len(set(coefs)) == 1:  # one pass over the flat vector, then views
+            acc.mul_(coefs[0])
+            coefs = [1.0] * len(coefs)
         out = []
-        for m, scale, d in zip(
-            state.mean, state.scales, split_noise(acc, [m.shape for m in state.mean]), strict=True
+        for m, coef, d in zip(
+            state.mean, coefs, split_noise(acc, [m.shape for m in state.mean]), strict=True
         ):
-            coef = scale / n if self.update == "paper" else 1.0 / (n * self.sigma * scale)
-            out.append(d.mul_(coef).to(m.device))
+            d = d if coef == 1.0 else d.mul_(coef)
+            out.append(d.to(m.device))
         return out
 
 
@@ -289,8 +296,8 @@ def _fitness_stats(fitness: Tensor) -> dict[str, float]:
 
 
 def _global_norm(xs: Sequence[Tensor]) -> float:
-    """L2 norm over all tensors together, in float64, with one host sync."""
-    return torch.stack([x.double().pow(2).sum() for x in xs]).sum().sqrt().item()
+    """L2 norm over all tensors together, with one host sync (fused per-tensor norms)."""
+    return torch.stack(torch._foreach_norm(list(xs))).double().norm().item()
 
 
 def _check(ok: bool, key: str, problem: str, fix: str) -> None:

@@ -40,13 +40,13 @@ GROUP_OF = {module: group for group, modules in GROUPS.items() for module in mod
 
 @dataclass(frozen=True)
 class GroupLora:
-    """One fused projection's adapters for members ``lo .. lo + M`` of the loaded population.
+    """One fused projection's adapters for M members (all, or a range: :meth:`sub`).
 
     ``A [M, c, in]``; ``Bt [M, r, out]`` (compact, see the module docstring); ``offsets[j]``:
     the first rank column in ``u`` of the group's j-th module (``GROUPS`` order; -1: not
     adapted, its Bt columns are zero); ``splits``: the modules' output widths; ``spare``: the
     weight-buffer rows the base GEMM covers to produce ``u`` of ALL members after its ``out``
-    columns (0: ``A`` is not in the weight buffer); ``lo``: this range's first member.
+    columns (0: ``u`` by ``bmm``).
     """
 
     A: Tensor
@@ -54,7 +54,6 @@ class GroupLora:
     offsets: tuple[int, ...]
     splits: tuple[int, ...]
     spare: int = 0
-    lo: int = 0
 
     @property
     def members(self) -> int:
@@ -69,9 +68,9 @@ class GroupLora:
         return self.Bt.shape[1]
 
     def sub(self, lo: int, hi: int) -> GroupLora:
-        return GroupLora(
-            self.A[lo:hi], self.Bt[lo:hi], self.offsets, self.splits, self.spare, self.lo + lo
-        )
+        """Members ``lo:hi``, with ``u`` by bmm: for prefill chunks, where the GEMM is compute
+        bound and the other members' columns would be wasted work."""
+        return GroupLora(self.A[lo:hi], self.Bt[lo:hi], self.offsets, self.splits)
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,7 @@ def project(
     n = out + lora.spare
     w, b = weight[:n], None if bias is None else bias[:n]
     y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
-    first = out + lora.lo * lora.cols
-    return y[:, :out], RankActs(y[:, first : first + lora.members * lora.cols], lora.cols)
+    return y[:, :out], RankActs(y[:, out : out + lora.members * lora.cols], lora.cols)
 
 
 def lora_delta(acts: RankActs, lora: GroupLora) -> Tensor:

@@ -82,6 +82,7 @@ class Ops:
         self.decode_attention: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
         self.qkv_rope: Callable[..., Tensor] | None = None
         self.add_rms_norm: Callable[..., Tensor] | None = None
+        self.norm_max_hidden = 0
         if mode == "compile":
             self.rope, self.silu_mul = _Fallback(rope), _Fallback(silu_mul)
         elif mode == "triton":
@@ -89,6 +90,7 @@ class Ops:
 
             self.silu_mul, self.qkv_rope = triton_ops.silu_mul, triton_ops.qkv_rope
             self.add_rms_norm = triton_ops.add_rms_norm
+            self.norm_max_hidden = triton_ops.NORM_MAX_HIDDEN
             self.decode_attention = triton_ops.decode_attention
             self._row_block = triton_ops.row_block
 

@@ -202,7 +202,7 @@ class FastModel:
     def add_norm(self, x: Tensor, pending: Pending | None, weight: Tensor) -> Tensor:
         """``x += y + u Bt`` (the pending o / down output, in place), then RMSNorm of ``x``."""
         y, u, g = pending if pending is not None else (None, None, None)
-        if self.ops.add_rms_norm is not None:
+        if self.ops.add_rms_norm is not None and self.hidden <= self.ops.norm_max_hidden:
             return self.ops.add_rms_norm(x, weight, self.eps, y, u, g)
         if y is not None:
             x.add_(y)

@@ -87,11 +87,6 @@ def row_block(rows_per_member: int) -> int:
     return next((b for b in (32, 16) if rows_per_member % b == 0), 0)
 
 
-def norm_rows(rows_per_member: int) -> int:
-    """Rows an add + RMSNorm program covers with LoRA (a divisor of the member's rows)."""
-    return next(b for b in (4, 2, 1) if rows_per_member % b == 0)
-
-
 def _lora_args(
     u: RankActs | None, g: GroupLora | None, like: Tensor
 ) -> tuple[Tensor, Tensor, int, int, int, int, int, tuple[int, ...]]:
@@ -258,49 +253,37 @@ def qkv_rope(
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, y_ptr, u_ptr, b_ptr, w_ptr, h_ptr, n_rows, hidden,
+    x_ptr, y_ptr, u_ptr, b_ptr, w_ptr, h_ptr, hidden,
     sx, sy, su, su_m, sb_m, sb_c, sh, rpm, eps,
     HAS_Y: tl.constexpr, HAS_LORA: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
-    tb = tl.program_id(0)
-    rows = tb * BT + tl.arange(0, BT)
-    r_ok = rows[:, None] < n_rows
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < hidden
     ty = x_ptr.dtype.element_ty
-    if HAS_LORA:
-        m = (tb * BT) // rpm
+    x_at = x_ptr + row * sx + cols
+    x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
+    if HAS_Y:
+        x += tl.load(y_ptr + row * sy + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_LORA:  # + u_m Bt_m, the row's member m
+        m = row // rpm
         offs_c = tl.arange(0, C)
         c_ok = offs_c < R
-        u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
-        u = tl.load(u_at, mask=r_ok & c_ok[None, :], other=0.0).to(tl.float32)
-    ss = tl.zeros([BT], tl.float32)
-    for k0 in range(0, hidden, BK):  # x += y + u Bt (stored, rounded), sum of squares
-        cols = k0 + tl.arange(0, BK)
-        ok = r_ok & (cols[None, :] < hidden)
-        x_at = x_ptr + rows[:, None] * sx + cols[None, :]
-        x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
-        if HAS_Y:
-            x += tl.load(y_ptr + rows[:, None] * sy + cols[None, :], mask=ok, other=0.0).to(
-                tl.float32
-            )
-        if HAS_LORA:
-            b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
-            bt = tl.load(b_at, mask=c_ok[:, None] & (cols[None, :] < hidden), other=0.0)
-            x += tl.sum(u[:, :, None] * bt.to(tl.float32)[None, :, :], axis=1)
-        if HAS_Y or HAS_LORA:
-            x = x.to(ty).to(tl.float32)
-            tl.store(x_at, x.to(ty), mask=ok)
-        ss += tl.sum(x * x, axis=1)
-    if HAS_Y or HAS_LORA:
-        tl.debug_barrier()  # this program's stores are visible to all of its threads
-    rstd = 1.0 / tl.sqrt(ss / hidden + eps)
-    for k0 in range(0, hidden, BK):  # h = w * (x * rstd), rounded like HF's RMSNorm
-        cols = k0 + tl.arange(0, BK)
-        ok = r_ok & (cols[None, :] < hidden)
-        x = tl.load(x_ptr + rows[:, None] * sx + cols[None, :], mask=ok, other=0.0)
-        w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
-        h = (x.to(tl.float32) * rstd[:, None]).to(ty).to(tl.float32) * w[None, :]
-        tl.store(h_ptr + rows[:, None] * sh + cols[None, :], h.to(ty), mask=ok)
+        u = tl.load(u_ptr + row * su + m * su_m + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
+        bt = tl.load(b_at, mask=c_ok[:, None] & ok[None, :], other=0.0).to(tl.float32)
+        x += tl.sum(u[:, None] * bt, axis=0)
+    if HAS_Y or HAS_LORA:  # the residual stream, rounded as HF rounds it
+        x = x.to(ty).to(tl.float32)
+        tl.store(x_at, x.to(ty), mask=ok)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    h = (x * rstd).to(ty).to(tl.float32) * w  # rounded like HF's RMSNorm
+    tl.store(h_ptr + row * sh + cols, h.to(ty), mask=ok)
+
+
+NORM_MAX_HIDDEN = 16384  # add_rms_norm holds a row in registers
 
 
 def add_rms_norm(
@@ -311,7 +294,8 @@ def add_rms_norm(
     u: RankActs | None = None,
     g: GroupLora | None = None,
 ) -> Tensor:
-    """``x += y + u_m Bt_m`` in place (each present), then ``rmsnorm(x) * weight``, one kernel.
+    """``x += y + u_m Bt_m`` in place (each present), then ``rmsnorm(x) * weight``: one kernel,
+    one program per row (``hidden <= NORM_MAX_HIDDEN``).
 
     ``x [T, hidden]`` contiguous rows; ``y [T, hidden]`` may be a strided view (a GEMM's output
     columns); ``u``/``g``: the pending LoRA's rank activations and group (single module)."""
@@ -319,14 +303,14 @@ def add_rms_norm(
     h = torch.empty_like(x)
     lora = u is not None and g is not None
     rpm = rows // g.members if lora else 1  # type: ignore[union-attr]
-    bt_rows = norm_rows(rpm) if lora else 4
     up_, bt, su, su_m, sb_m, sb_c, rank, _ = _lora_args(u, g, x)
     yy = x if y is None else y
-    _add_rms_norm_kernel[(triton.cdiv(rows, bt_rows),)](
-        x, yy, up_, bt, weight, h, rows, hidden,
+    block = triton.next_power_of_2(hidden)
+    _add_rms_norm_kernel[(rows,)](
+        x, yy, up_, bt, weight, h, hidden,
         x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), rpm, eps,
         HAS_Y=y is not None, HAS_LORA=lora, R=rank, C=max(2, triton.next_power_of_2(rank)),
-        BT=bt_rows, BK=256, num_warps=4,
+        BLOCK=block, num_warps=max(1, min(16, block // 256)),
     )  # fmt: skip
     return h
 
