@@ -46,7 +46,7 @@ class GroupLora:
     the first rank column in ``u`` of the group's j-th module (``GROUPS`` order; -1: not
     adapted, its Bt columns are zero); ``splits``: the modules' output widths; ``spare``: the
     weight-buffer rows the base GEMM covers to produce ``u`` of ALL members after its ``out``
-    columns (0: ``u`` by ``bmm``).
+    columns (0: ``u`` by a separate product); ``in_weights``: ``A`` is a view of spare rows.
     """
 
     A: Tensor
@@ -54,6 +54,7 @@ class GroupLora:
     offsets: tuple[int, ...]
     splits: tuple[int, ...]
     spare: int = 0
+    in_weights: bool = False
 
     @property
     def members(self) -> int:
@@ -68,9 +69,10 @@ class GroupLora:
         return self.Bt.shape[1]
 
     def sub(self, lo: int, hi: int) -> GroupLora:
-        """Members ``lo:hi``, with ``u`` by bmm: for prefill chunks, where the GEMM is compute
-        bound and the other members' columns would be wasted work."""
-        return GroupLora(self.A[lo:hi], self.Bt[lo:hi], self.offsets, self.splits)
+        """Members ``lo:hi`` (prefill chunks, where the GEMM is compute bound): ``u`` of the
+        range's members only, by a separate matmul, not all members' in the base GEMM."""
+        a, bt = self.A[lo:hi], self.Bt[lo:hi]
+        return GroupLora(a, bt, self.offsets, self.splits, 0, self.in_weights)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ def project(
         base = x @ w.t() if b is None else torch.addmm(b, x, w.t())
         if lora is None:
             return base, None
+        if lora.in_weights:  # a member range: its members' columns, one (aligned) matmul
+            return base, RankActs(x @ lora.A.flatten(0, 1).t(), lora.cols)
         u = torch.bmm(x.reshape(lora.members, -1, x.shape[-1]), lora.A.mT)
         return base, RankActs(u.view(-1, lora.cols), 0)
     n = out + lora.spare
@@ -172,7 +176,7 @@ class FastLora:
             else:
                 spare = -(-members * need // 8) * 8
                 a = spare_rows(layer, group, spare)[: members * need].view(members, need, -1)
-            self.groups[(layer, group)] = GroupLora(a, bt, offsets, splits, spare)
+            self.groups[(layer, group)] = GroupLora(a, bt, offsets, splits, spare, spare > 0)
         # where each layout tensor goes: (group, rank columns of A, output columns of Bt)
         self._plan: list[tuple[GroupLora, slice, slice]] = []
         for t in layout.targets:
