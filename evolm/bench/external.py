@@ -41,7 +41,9 @@ def sglang_runner(url: str, model_path: str) -> Runner:
                 max_loras_per_batch=work.members + 1,
             )
         tok = engine.tokenizer
-        texts = tok.batch_decode(ids.tolist())
+        # the saved model pairs the shape's vocabulary with the tiny BPE tokenizer: fold the
+        # ids into the tokenizer's range, or they decode to empty prompts (HTTP 400)
+        texts = tok.batch_decode((ids % len(tok)).tolist(), skip_special_tokens=True)
         out = engine.generate(texts, pop, Sampling(max_new_tokens=work.new_tokens), seed=0)
         tokens = sum(len(tok(text)["input_ids"]) for member in out for text in member)
         return {"tokens": tokens, **{f"sglang_{k}": v for k, v in engine.last_timings.items()}}
