@@ -31,7 +31,7 @@ def main() -> None:
     engine = LocalEngine.from_model(model, layout, fast=True)
     engine.fast.model.set_ops("triton")
     out = {}
-    for prompts in (16, 3):  # 16 rows per member: LoRA fused into the kernels; 3: eager delta
+    for prompts in (16, 3):  # rows per member: 16-row kernel programs, or 1-row ones
         out[f"lora_{prompts}"] = check_forced(engine, population(layout, 3), prompts)
         out[f"base_{prompts}"] = check_forced(engine, None, prompts)
     out["spare_rows"] = engine.fast.model.layers[0].qkv.weight.shape[0]

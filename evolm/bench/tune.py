@@ -49,13 +49,16 @@ def kernels(prof: Any, per: int, top: int = 12) -> list[dict[str, Any]]:
     return rows[:top]
 
 
-def profile_phases(engine: LocalEngine, rows: torch.Tensor, pop: LoraPopulation) -> dict[str, Any]:
-    """Top kernels of one prefill and of 16 decode steps (per step), graphs off."""
+def profile_phases(
+    engine: LocalEngine, rows: torch.Tensor, pop: LoraPopulation | None
+) -> dict[str, Any]:
+    """Top kernels of one prefill and of 16 decode steps (per step), graphs off; ``pop`` None:
+    the base model."""
     from torch.profiler import ProfilerActivity, profile
 
     fast, steps = engine.fast, 16
     assert fast is not None
-    lora = engine.load_fast_lora(pop)
+    lora = None if pop is None else engine.load_fast_lora(pop)
     mask = torch.ones_like(rows)
     graphs, fast.graphs = fast.graphs, False
     try:
@@ -72,7 +75,7 @@ def profile_phases(engine: LocalEngine, rows: torch.Tensor, pop: LoraPopulation)
                 torch.cuda.synchronize()
     finally:
         fast.graphs = graphs
-    return {"prefill": kernels(pre, 1), "decode_per_step": kernels(dec, steps)}
+    return {"prefill": kernels(pre, 1, 16), "decode_per_step": kernels(dec, steps, 16)}
 
 
 def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool) -> dict:
@@ -102,14 +105,13 @@ def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool)
             a["peak_memory_bytes"] / 2**30,
         )
     if prof:
-        out["profile"] = profile_phases(engine, ids.repeat(work.members, 1), pop)
-        for phase, table in out["profile"].items():
-            log.info(
-                "%s %s:\n%s",
-                work.shape,
-                phase,
-                "\n".join(f"  {r['us']:9.1f} us  {r['calls']:6.1f}x  {r['name']}" for r in table),
-            )
+        rows = ids.repeat(work.members, 1)
+        out["profile"] = profile_phases(engine, rows, pop)
+        out["profile_base"] = profile_phases(engine, rows, None)
+        for key in ("profile", "profile_base"):
+            for phase, table in out[key].items():
+                lines = (f"  {r['us']:9.1f} us  {r['calls']:6.1f}x  {r['name']}" for r in table)
+                log.info("%s %s %s:\n%s", work.shape, key, phase, "\n".join(lines))
     return out
 
 

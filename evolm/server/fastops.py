@@ -92,8 +92,8 @@ class Ops:
             self.add_rms_norm = triton_ops.add_rms_norm
             self.norm_max_hidden = triton_ops.NORM_MAX_HIDDEN
             self.decode_attention = triton_ops.decode_attention
-            self._row_block = triton_ops.row_block
 
     def fused_lora(self, rows: int, members: int) -> bool:
-        """Can the Triton kernels apply the LoRA's second product for these rows?"""
-        return self.mode == "triton" and self._row_block(rows // members) > 0
+        """Can the Triton kernels apply the LoRA's second product for these rows (grouped by
+        member, the same count each)?"""
+        return self.mode == "triton" and rows % members == 0

@@ -83,8 +83,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
 
 
 def row_block(rows_per_member: int) -> int:
-    """Rows a fused-LoRA RoPE / SiLU program covers: one member's rows only (0: cannot fuse)."""
-    return next((b for b in (32, 16) if rows_per_member % b == 0), 0)
+    """Rows a fused-LoRA RoPE / SiLU program covers: a power of two <= 32 that divides the rows
+    per member, so a program's rows share one member's adapters."""
+    return min(32, rows_per_member & -rows_per_member)
 
 
 def _lora_args(
@@ -110,30 +111,27 @@ def _lora_args(
 def _silu_mul_kernel(
     x_ptr, u_ptr, b_ptr, out_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
     off_g, off_u,
-    HAS_LORA: tl.constexpr, R: tl.constexpr, C: tl.constexpr, BT: tl.constexpr,
-    BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     tb, blk = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
     cols = blk * BLOCK + tl.arange(0, BLOCK)
-    ok = (rows[:, None] < n_rows) & (cols[None, :] < inter)
+    r_ok, c_ok = rows < n_rows, cols < inter
+    ok = r_ok[:, None] & c_ok[None, :]
     at = x_ptr + rows[:, None] * sx + cols[None, :]
     gate = tl.load(at, mask=ok).to(tl.float32)
     up = tl.load(at + inter, mask=ok).to(tl.float32)
-    if HAS_LORA:  # + u_j Bt_j for this member's rows (gate: module 0, up: module 1)
-        m = (tb * BT) // rpm
-        offs_c = tl.arange(0, C)
-        c_ok = offs_c < R
-        u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
-        u_ok = (rows[:, None] < n_rows) & c_ok[None, :]
-        u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0)
-        u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0)
-        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
-        b_ok = c_ok[:, None] & (cols[None, :] < inter)
-        b_g = tl.load(b_at, mask=b_ok, other=0.0)
-        b_u = tl.load(b_at + inter, mask=b_ok, other=0.0)
-        gate += tl.dot(u_g.to(b_g.dtype), b_g, input_precision=PRECISION)
-        up += tl.dot(u_u.to(b_u.dtype), b_u, input_precision=PRECISION)
+    if HAS_LORA:  # + u_j Bt_j for this member's rows (gate: module 0, up: module 1), rank-1
+        m = (tb * BT) // rpm  # updates: r FMAs per element, no layout change for a dot
+        u_row = u_ptr + rows * su + m * su_m
+        b_col = b_ptr + m * sb_m + cols
+        for c in tl.static_range(R):
+            u_g = tl.load(u_row + off_g + c, mask=r_ok, other=0.0).to(tl.float32)
+            u_u = tl.load(u_row + off_u + c, mask=r_ok, other=0.0).to(tl.float32)
+            b_g = tl.load(b_col + c * sb_c, mask=c_ok, other=0.0).to(tl.float32)
+            b_u = tl.load(b_col + c * sb_c + inter, mask=c_ok, other=0.0).to(tl.float32)
+            gate += u_g[:, None] * b_g[None, :]
+            up += u_u[:, None] * b_u[None, :]
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(
         out_ptr + rows[:, None] * so + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok
@@ -144,7 +142,7 @@ def silu_mul(gate_up: Tensor, u: RankActs | None = None, g: GroupLora | None = N
     """``silu(gate) * up`` for ``gate_up [T, 2 * inter]`` (rows may be strided); ``[T, inter]``.
 
     With ``u`` and the group ``g`` each row's LoRA delta ``u_j Bt_j`` is added to gate and up
-    first, in the same pass (rows per member a multiple of 16, see :func:`row_block`)."""
+    first, in the same pass."""
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     lora = u is not None and g is not None
@@ -155,8 +153,7 @@ def silu_mul(gate_up: Tensor, u: RankActs | None = None, g: GroupLora | None = N
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
         gate_up, up_, bt, out, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
-        HAS_LORA=lora, R=rank, C=_dot_cols(rank), BT=bt_rows, BLOCK=block,
-        PRECISION=_precision(gate_up), num_warps=8,
+        HAS_LORA=lora, R=rank, BT=bt_rows, BLOCK=block, num_warps=8,
     )  # fmt: skip
     return out
 
@@ -166,8 +163,8 @@ def _qkv_rope_kernel(
     x_ptr, cos_ptr, sin_ptr, u_ptr, b_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr,
     n_rows, q_heads, rot_heads, sx_t, sx_h, sc_t, su, su_m, sb_m, sb_c, so_t, so_h,
     skc_r, skc_h, skc_n, svc_r, svc_h, svc_n, rpm, off_q, off_k, off_v,
-    HAS_LORA: tl.constexpr, R: tl.constexpr, C: tl.constexpr, BT: tl.constexpr,
-    HALF: tl.constexpr, TO_CACHE: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr,
+    TO_CACHE: tl.constexpr,
 ):  # fmt: skip
     tb, h = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -179,18 +176,12 @@ def _qkv_rope_kernel(
     if HAS_LORA:  # + u_j Bt_j on this head's columns (j: the head's module, q, k or v)
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
-        offs_c = tl.arange(0, C)
-        c_ok = offs_c < R
-        u = tl.load(
-            u_ptr + rows[:, None] * su + m * su_m + off + offs_c[None, :],
-            mask=ok & c_ok[None, :],
-            other=0.0,
-        )
-        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + h * 2 * HALF + offs_d[None, :]
-        b1 = tl.load(b_at, mask=c_ok[:, None], other=0.0)
-        b2 = tl.load(b_at + HALF, mask=c_ok[:, None], other=0.0)
-        x1 += tl.dot(u.to(b1.dtype), b1, input_precision=PRECISION)
-        x2 += tl.dot(u.to(b2.dtype), b2, input_precision=PRECISION)
+        u_row = u_ptr + rows * su + m * su_m + off
+        b_col = b_ptr + m * sb_m + h * 2 * HALF + offs_d
+        for c in tl.static_range(R):
+            u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
+            x1 += u * tl.load(b_col + c * sb_c).to(tl.float32)[None, :]
+            x2 += u * tl.load(b_col + c * sb_c + HALF).to(tl.float32)[None, :]
     c_at = rows[:, None] * sc_t + offs_d[None, :]
     c1, c2 = tl.load(cos_ptr + c_at, mask=ok), tl.load(cos_ptr + c_at + HALF, mask=ok)
     s1, s2 = tl.load(sin_ptr + c_at, mask=ok), tl.load(sin_ptr + c_at + HALF, mask=ok)
@@ -245,8 +236,8 @@ def qkv_rope(
         su, su_m, sb_m, sb_c, out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         rpm, offs[0], offs[1], offs[2],
-        HAS_LORA=lora, R=rank, C=_dot_cols(rank), BT=bt_rows, HALF=hd // 2,
-        TO_CACHE=cache is not None, PRECISION=_precision(qkv), num_warps=4,
+        HAS_LORA=lora, R=rank, BT=bt_rows, HALF=hd // 2, TO_CACHE=cache is not None,
+        num_warps=4,
     )  # fmt: skip
     return out
 
@@ -255,8 +246,7 @@ def qkv_rope(
 def _add_rms_norm_kernel(
     x_ptr, y_ptr, u_ptr, b_ptr, w_ptr, h_ptr, hidden,
     sx, sy, su, su_m, sb_m, sb_c, sh, rpm, eps,
-    HAS_Y: tl.constexpr, HAS_LORA: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-    BLOCK: tl.constexpr,
+    HAS_Y: tl.constexpr, HAS_LORA: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -268,12 +258,10 @@ def _add_rms_norm_kernel(
         x += tl.load(y_ptr + row * sy + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_LORA:  # + u_m Bt_m, the row's member m
         m = row // rpm
-        offs_c = tl.arange(0, C)
-        c_ok = offs_c < R
-        u = tl.load(u_ptr + row * su + m * su_m + offs_c, mask=c_ok, other=0.0).to(tl.float32)
-        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
-        bt = tl.load(b_at, mask=c_ok[:, None] & ok[None, :], other=0.0).to(tl.float32)
-        x += tl.sum(u[:, None] * bt, axis=0)
+        for c in tl.static_range(R):
+            u = tl.load(u_ptr + row * su + m * su_m + c).to(tl.float32)
+            bt = tl.load(b_ptr + m * sb_m + c * sb_c + cols, mask=ok, other=0.0)
+            x += u * bt.to(tl.float32)
     if HAS_Y or HAS_LORA:  # the residual stream, rounded as HF rounds it
         x = x.to(ty).to(tl.float32)
         tl.store(x_at, x.to(ty), mask=ok)
@@ -309,16 +297,7 @@ def add_rms_norm(
     _add_rms_norm_kernel[(rows,)](
         x, yy, up_, bt, weight, h, hidden,
         x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), rpm, eps,
-        HAS_Y=y is not None, HAS_LORA=lora, R=rank, C=max(2, triton.next_power_of_2(rank)),
-        BLOCK=block, num_warps=max(1, min(16, block // 256)),
+        HAS_Y=y is not None, HAS_LORA=lora, R=rank, BLOCK=block,
+        num_warps=max(1, min(16, block // 256)),
     )  # fmt: skip
     return h
-
-
-def _dot_cols(rank: int) -> int:
-    """``tl.dot``'s inner size for ``rank`` columns: a power of two >= 16 (masked beyond)."""
-    return max(16, triton.next_power_of_2(max(rank, 1)))
-
-
-def _precision(x: Tensor) -> str:
-    return "ieee" if x.dtype == torch.float32 else "tf32"
