@@ -260,7 +260,14 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
 
     g = group((4864, 4864), (4, 0))  # up's rank columns first: offsets are honoured
     u, gu = acts(g), rand(members * rpm, 2 * 4864 + 8)[:, : 2 * 4864]  # strided rows
-    assert close(triton_ops.silu_mul(gu, u, g), fastops.silu_mul(gu.float() + want_delta(u, g)))
+    want = fastops.silu_mul(gu.float() + want_delta(u, g))
+    for dot in (0, 1):  # rank products as FMA updates, or tl.dot
+        tuned = triton_ops.TUNE["silu"]
+        triton_ops.TUNE["silu"] = {**tuned, "dot": dot}
+        try:
+            assert close(triton_ops.silu_mul(gu, u, g), want), dot
+        finally:
+            triton_ops.TUNE["silu"] = tuned
     x = rand(members * rpm, 44 * 64)[:, : 36 * 64]  # 28 q, 4 k, 4 v heads
     cos, sin = rand(members * rpm, 1, 64).clamp(-1, 1), rand(members * rpm, 1, 64).clamp(-1, 1)
     g = group((28 * 64, 4 * 64, 4 * 64), (0, -1, 4))  # k not adapted: its Bt columns are 0
@@ -270,8 +277,14 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     want = torch.cat([fastops.rope(full[:, :32], cos.float(), sin.float()), full[:, 32:]], 1)
     kc, vc = torch.zeros(2, members * rpm, 4, 8, 64, device=dev, dtype=bf16)
     slot = torch.tensor([5], device=dev)
-    got = triton_ops.qkv_rope(x.view(-1, 36, 64), cos, sin, 32, u, g, (kc, vc, slot))
-    assert close(got, want)
+    for dot in (1, 0):
+        tuned = triton_ops.TUNE["rope"]
+        triton_ops.TUNE["rope"] = {**tuned, "dot": dot}
+        try:
+            got = triton_ops.qkv_rope(x.view(-1, 36, 64), cos, sin, 32, u, g, (kc, vc, slot))
+        finally:
+            triton_ops.TUNE["rope"] = tuned
+        assert close(got, want), dot
     assert torch.equal(kc[:, :, 5], got[:, 28:32]) and torch.equal(vc[:, :, 5], got[:, 32:])
     assert kc[:, :, :5].abs().sum() == 0 and vc[:, :, 6:].abs().sum() == 0
     hidden, w = 896, rand(896)

@@ -24,6 +24,16 @@ from torch import Tensor
 
 from evolm.server.fastlora import GroupLora, RankActs
 
+TUNE: dict[str, dict[str, int]] = {
+    # launch settings of the LoRA-fused kernels (``python -m evolm.bench.kernels`` times them):
+    # rows per program (0: the largest power of two <= 32 dividing the rows per member), tile
+    # elements per program, warps, and 1 to apply the rank products with ``tl.dot`` (needs 16-row
+    # programs) instead of rank-1 FMA updates
+    "silu": {"rows": 0, "elems": 8192, "warps": 8, "dot": 0},
+    "rope": {"rows": 0, "warps": 4, "dot": 0},
+    "norm": {"warps": 0},  # 0: one warp per 256 columns
+}
+
 
 @triton.jit
 def _decode_attention_kernel(
@@ -112,6 +122,7 @@ def _silu_mul_kernel(
     x_ptr, u_ptr, b_ptr, out_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
     off_g, off_u,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, BLOCK: tl.constexpr,
+    DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tb, blk = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -121,8 +132,21 @@ def _silu_mul_kernel(
     at = x_ptr + rows[:, None] * sx + cols[None, :]
     gate = tl.load(at, mask=ok).to(tl.float32)
     up = tl.load(at + inter, mask=ok).to(tl.float32)
-    if HAS_LORA:  # + u_j Bt_j for this member's rows (gate: module 0, up: module 1), rank-1
-        m = (tb * BT) // rpm  # updates: r FMAs per element, no layout change for a dot
+    if HAS_LORA and DOT:  # + u_j Bt_j (gate: module 0, up: module 1) as two tl.dot
+        m = (tb * BT) // rpm
+        offs_c = tl.arange(0, 16)
+        u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
+        u_ok = r_ok[:, None] & (offs_c[None, :] < R)
+        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
+        b_ok = (offs_c[:, None] < R) & c_ok[None, :]
+        b_g = tl.load(b_at, mask=b_ok, other=0.0)
+        b_u = tl.load(b_at + inter, mask=b_ok, other=0.0)
+        u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0).to(b_g.dtype)
+        u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0).to(b_g.dtype)
+        gate += tl.dot(u_g, b_g, input_precision=PRECISION)
+        up += tl.dot(u_u, b_u, input_precision=PRECISION)
+    elif HAS_LORA:  # the same as rank-1 updates: r FMAs per element, no layout change
+        m = (tb * BT) // rpm
         u_row = u_ptr + rows * su + m * su_m
         b_col = b_ptr + m * sb_m + cols
         for c in tl.static_range(R):
@@ -147,13 +171,15 @@ def silu_mul(gate_up: Tensor, u: RankActs | None = None, g: GroupLora | None = N
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     lora = u is not None and g is not None
     rpm = rows // g.members if lora else 1  # type: ignore[union-attr]
-    bt_rows = row_block(rpm) if lora else 16
-    block = 8192 // bt_rows
+    tune = TUNE["silu"]
+    bt_rows = (tune["rows"] or row_block(rpm)) if lora else 16
+    block = tune["elems"] // bt_rows if lora else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(u, g, gate_up)
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
         gate_up, up_, bt, out, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
-        HAS_LORA=lora, R=rank, BT=bt_rows, BLOCK=block, num_warps=8,
+        HAS_LORA=lora, R=rank, BT=bt_rows, BLOCK=block, DOT=bool(tune["dot"]) and bt_rows >= 16,
+        PRECISION=_precision(gate_up), num_warps=tune["warps"] if lora else 8,
     )  # fmt: skip
     return out
 
@@ -164,7 +190,7 @@ def _qkv_rope_kernel(
     n_rows, q_heads, rot_heads, sx_t, sx_h, sc_t, su, su_m, sb_m, sb_c, so_t, so_h,
     skc_r, skc_h, skc_n, svc_r, svc_h, svc_n, rpm, off_q, off_k, off_v,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr,
-    TO_CACHE: tl.constexpr,
+    TO_CACHE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tb, h = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -173,7 +199,19 @@ def _qkv_rope_kernel(
     at = x_ptr + rows[:, None] * sx_t + h * sx_h + offs_d[None, :]
     x1 = tl.load(at, mask=ok).to(tl.float32)
     x2 = tl.load(at + HALF, mask=ok).to(tl.float32)
-    if HAS_LORA:  # + u_j Bt_j on this head's columns (j: the head's module, q, k or v)
+    if HAS_LORA and DOT:  # + u_j Bt_j on this head's columns (j: its module, q, k or v)
+        m = (tb * BT) // rpm
+        off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
+        offs_c = tl.arange(0, 16)
+        c_ok = offs_c < R
+        u_at = u_ptr + rows[:, None] * su + m * su_m + off + offs_c[None, :]
+        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + h * 2 * HALF + offs_d[None, :]
+        b1 = tl.load(b_at, mask=c_ok[:, None], other=0.0)
+        b2 = tl.load(b_at + HALF, mask=c_ok[:, None], other=0.0)
+        u = tl.load(u_at, mask=ok & c_ok[None, :], other=0.0).to(b1.dtype)
+        x1 += tl.dot(u, b1, input_precision=PRECISION)
+        x2 += tl.dot(u, b2, input_precision=PRECISION)
+    elif HAS_LORA:  # the same as rank-1 updates
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
         u_row = u_ptr + rows * su + m * su_m + off
@@ -226,7 +264,8 @@ def qkv_rope(
     out = torch.empty(n, heads, hd, dtype=qkv.dtype, device=qkv.device)
     lora = u is not None and g is not None
     rpm = n // g.members if lora else 1  # type: ignore[union-attr]
-    bt_rows = row_block(rpm) if lora else 16
+    tune = TUNE["rope"]
+    bt_rows = (tune["rows"] or row_block(rpm)) if lora else 16
     kc, vc, slot = cache if cache is not None else (out[:, :, None], out[:, :, None], out)
     q_heads = rot_heads - (heads - rot_heads)  # as many k heads as v heads
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(u, g, qkv)
@@ -237,7 +276,8 @@ def qkv_rope(
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         rpm, offs[0], offs[1], offs[2],
         HAS_LORA=lora, R=rank, BT=bt_rows, HALF=hd // 2, TO_CACHE=cache is not None,
-        num_warps=4,
+        DOT=bool(tune["dot"]) and bt_rows >= 16, PRECISION=_precision(qkv),
+        num_warps=tune["warps"] if lora else 4,
     )  # fmt: skip
     return out
 
@@ -298,6 +338,10 @@ def add_rms_norm(
         x, yy, up_, bt, weight, h, hidden,
         x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), rpm, eps,
         HAS_Y=y is not None, HAS_LORA=lora, R=rank, BLOCK=block,
-        num_warps=max(1, min(16, block // 256)),
+        num_warps=TUNE["norm"]["warps"] or max(1, min(16, block // 256)),
     )  # fmt: skip
     return h
+
+
+def _precision(x: Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"

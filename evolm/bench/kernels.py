@@ -1,0 +1,150 @@
+"""``python -m evolm.bench.kernels``: time the LoRA-fused Triton kernels against their base
+variants at one decode step's shapes, over launch settings (GPU only).
+
+    python -m evolm.bench.kernels --shape qwen2.5-0.5b --json kernels.json
+
+For each kernel (SiLU-and-multiply, RoPE + cache write, residual-add + RMSNorm) it times the base
+kernel and the LoRA-fused one under every setting of :data:`evolm.server.triton_ops.TUNE` in the
+grid below, each as 20 launches captured in a CUDA graph (as the decode step replays them), and
+prints microseconds per launch. The best settings go into ``TUNE``'s defaults by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evolm.bench.shapes import SHAPES
+from evolm.server.fastlora import GroupLora, RankActs
+
+log = logging.getLogger(__name__)
+
+GRID: dict[str, dict[str, list[int]]] = {
+    "silu": {"dot": [0, 1], "rows": [16, 32], "elems": [4096, 8192], "warps": [4, 8]},
+    "rope": {"dot": [0, 1], "rows": [16, 32], "warps": [2, 4]},
+    "norm": {"warps": [1, 2, 4, 8]},
+}
+
+
+def graph_time(fn: Callable[[], Any], launches: int = 20, reps: int = 10) -> float:
+    """Microseconds per call of ``fn`` replayed from a CUDA graph of ``launches`` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return statistics.median(times)
+
+
+def cases(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
+    """The kernels' inputs at one decode step: ``members * prompts`` rows, bf16."""
+    from evolm.server import triton_ops as T
+
+    cfg = SHAPES[shape]
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, rows = hidden // heads, members * prompts
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(dev).manual_seed(0)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device=dev) * scale).to(bf16)
+
+    def group(splits: tuple[int, ...]) -> GroupLora:
+        a = torch.empty(members, rank * len(splits), 1, device=dev, dtype=bf16)
+        offsets = tuple(j * rank for j in range(len(splits)))
+        return GroupLora(a, rand(members, rank, sum(splits), scale=0.1), offsets, splits)
+
+    def gemm_out(out: int, g: GroupLora) -> tuple[torch.Tensor, RankActs]:
+        y = rand(rows, out + members * g.cols)  # the base GEMM's output with every member's u
+        return y[:, :out], RankActs(y[:, out:], g.cols)
+
+    g_gu = group((inter, inter))
+    gu, u_gu = gemm_out(2 * inter, g_gu)
+    qkv_out = (heads + 2 * kv) * hd
+    g_qkv = group((heads * hd, kv * hd, kv * hd))
+    qkv, u_qkv = gemm_out(qkv_out, g_qkv)
+    qkv = qkv.view(rows, heads + 2 * kv, hd)
+    cos, sin = rand(rows, 1, hd).clamp(-1, 1), rand(rows, 1, hd).clamp(-1, 1)
+    cache = (*(torch.zeros(rows, kv, 64, hd, device=dev, dtype=bf16) for _ in range(2)),)
+    slot = torch.tensor([5], device=dev)
+    g_d = group((hidden,))
+    y, u_d = gemm_out(hidden, g_d)
+    x, w = rand(rows, hidden), rand(hidden)
+    rot = heads + kv
+    return {
+        "silu": (
+            lambda: T.silu_mul(gu),
+            lambda: T.silu_mul(gu, u_gu, g_gu),
+        ),
+        "rope": (
+            lambda: T.qkv_rope(qkv, cos, sin, rot, cache=(*cache, slot)),
+            lambda: T.qkv_rope(qkv, cos, sin, rot, u_qkv, g_qkv, (*cache, slot)),
+        ),
+        "norm": (
+            lambda: T.add_rms_norm(x, w, 1e-6, y),
+            lambda: T.add_rms_norm(x, w, 1e-6, y, u_d, g_d),
+        ),
+    }
+
+
+def run(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
+    from evolm.server import triton_ops as T
+
+    out: dict[str, Any] = {"shape": shape, "members": members, "prompts": prompts, "rank": rank}
+    for name, (base, lora) in cases(shape, members, prompts, rank).items():
+        default = dict(T.TUNE[name])
+        rows = [{"setting": "base", "us": graph_time(base)}]
+        rows.append({"setting": f"lora {default} (default)", "us": graph_time(lora)})
+        keys = list(GRID[name])
+        for values in itertools.product(*(GRID[name][k] for k in keys)):
+            T.TUNE[name] = {**default, **dict(zip(keys, values, strict=True))}
+            rows.append({"setting": f"lora {T.TUNE[name]}", "us": graph_time(lora)})
+        T.TUNE[name] = default
+        out[name] = rows
+        for row in rows:
+            log.info("%s %s: %7.2f us  %s", shape, name, row["us"], row["setting"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    p = argparse.ArgumentParser(prog="python -m evolm.bench.kernels", description=__doc__)
+    p.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    p.add_argument("--members", type=int, default=30)
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--rank", type=int, default=4)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    records = [
+        run(s, args.members, args.prompts, args.rank) for s in args.shape or ["qwen2.5-0.5b"]
+    ]
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=2))
+
+
+if __name__ == "__main__":
+    main()
