@@ -119,6 +119,7 @@ def run(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
         default = dict(T.TUNE[name])
         rows = [{"setting": "base", "us": graph_time(base)}]
         rows.append({"setting": f"lora {default} (default)", "us": graph_time(lora)})
+        # (settings are caps: "rows" is lowered to a divisor of the rows per member)
         keys = list(GRID[name])
         for values in itertools.product(*(GRID[name][k] for k in keys)):
             T.TUNE[name] = {**default, **dict(zip(keys, values, strict=True))}
