@@ -28,7 +28,7 @@ from evolm.server.fastlora import GroupLora, RankActs
 log = logging.getLogger(__name__)
 
 GRID: dict[str, dict[str, list[int]]] = {
-    "silu": {"dot": [0, 1], "rows": [16, 32], "elems": [4096, 8192], "warps": [4, 8]},
+    "silu": {"dot": [0, 1], "rows": [16, 32], "elems": [2048, 4096, 8192], "warps": [4, 8]},
     "rope": {"dot": [0, 1], "rows": [16, 32], "warps": [2, 4]},
     "norm": {"warps": [1, 2, 4, 8]},
 }

@@ -108,7 +108,10 @@ def project(
             return base, None
         u = torch.bmm(x.reshape(lora.members, -1, x.shape[-1]), lora.A.mT)
         return base, RankActs(u.view(-1, lora.cols), 0)
-    n = out + lora.spare
+    # the GEMM covers the spare rows up to this range's last member (rounded to 8 for aligned
+    # rows): decode takes all members, a prefill chunk skips the members after it
+    used = -(-(lora.lo + lora.members) * lora.cols // 8) * 8
+    n = out + min(lora.spare, used)
     w, b = weight[:n], None if bias is None else bias[:n]
     y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
     first = out + lora.lo * lora.cols
