@@ -198,7 +198,7 @@ def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("ops", ["triton", "eager"])
-@pytest.mark.parametrize("prompts", [3, 16])  # 16 rows per member: LoRA fused into kernels
+@pytest.mark.parametrize("prompts", [3, 16])  # rows per member: 1-row or 16-row kernel programs
 def test_cuda_graph_decode_equals_hf_fp32(ops: str, prompts: int) -> None:
     """On a GPU in fp32: the graph-replayed decode against the HF reference (<= 1e-3)."""
     model = build_model("tiny", torch.device("cuda"), torch.float32, seed=3)
