@@ -223,7 +223,7 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     """Every Triton kernel against torch on ``dev`` in ``bf16`` (fp32 where interpreted)."""
     import torch.nn.functional as F
 
-    from evolm.server import fastops, triton_ops
+    from evolm.server import fastops, triton_attention, triton_ops
 
     gen = torch.Generator(dev).manual_seed(0)
 
@@ -241,7 +241,7 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     ref = F.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=bias[:, None, None]
     )
-    assert close(triton_ops.decode_attention(q, k, v, bias.to(bf16)), ref.reshape(96, -1))
+    assert close(triton_attention.decode_attention(q, k, v, bias.to(bf16)), ref.reshape(96, -1))
     gu = rand(300, 2 * 4864)
     assert close(triton_ops.silu_mul(gu), fastops.silu_mul(gu.float()))
     members, rpm, r = 4, 32, 4
@@ -299,3 +299,24 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         triton_ops.add_rms_norm(res.clone(), w, 1e-6),
         F.rms_norm(res.float(), (hidden,), w.float(), 1e-6),
     )
+
+
+def test_second_engine_on_a_model_with_spare_rows(qwen: torch.nn.Module) -> None:
+    """A buffer grown for LoRA first factors (spare rows) is reused by a later fast model on the
+    same HF model, whose projections still cover only the model's own rows."""
+    from evolm.server.fastpath import FastModel
+    from evolm.server.fastweights import base_linear
+
+    first = FastModel(qwen)
+    rows = first.spare_rows(0, "qkv", 24)
+    assert first.weights_version == 1 and rows.shape[0] == 24
+    proj = first.layers[0].qkv
+    assert proj.out == first.q_out + 2 * first.kv_out < proj.weight.shape[0]
+    q = base_linear(qwen.model.layers[0].self_attn.q_proj)
+    assert q.weight.data_ptr() == proj.weight.data_ptr()  # the HF weights are views of it
+    second = FastModel(qwen)
+    assert second.layers[0].qkv.out == proj.out
+    assert second.layers[0].qkv.weight.data_ptr() == proj.weight.data_ptr()
+    x = torch.randn(3, first.hidden)
+    base, u = second.layers[0].qkv.project(x, None)
+    assert u is None and base.shape == (3, proj.out)

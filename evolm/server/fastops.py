@@ -86,12 +86,12 @@ class Ops:
         if mode == "compile":
             self.rope, self.silu_mul = _Fallback(rope), _Fallback(silu_mul)
         elif mode == "triton":
-            from evolm.server import triton_ops
+            from evolm.server import triton_attention, triton_ops
 
             self.silu_mul, self.qkv_rope = triton_ops.silu_mul, triton_ops.qkv_rope
             self.add_rms_norm = triton_ops.add_rms_norm
             self.norm_max_hidden = triton_ops.NORM_MAX_HIDDEN
-            self.decode_attention = triton_ops.decode_attention
+            self.decode_attention = triton_attention.decode_attention
 
     def fused_lora(self, rows: int, members: int) -> bool:
         """Can the Triton kernels apply the LoRA's second product for these rows (grouped by

@@ -33,16 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from evolm.server.fastlora import (
-    FastLora,
-    FastLoraView,
-    GroupLora,
-    RankActs,
-    lora_delta,
-    project,
-)
+from evolm.server.fastlora import FastLora, FastLoraView, GroupLora, RankActs, lora_delta
 from evolm.server.fastops import Ops, default_mode
-from evolm.server.fastweights import fuse, unsupported_reason
+from evolm.server.fastweights import Proj, unsupported_reason
 
 LoraLike = FastLora | FastLoraView | None
 Pending = tuple[Tensor, RankActs | None, GroupLora | None]
@@ -51,31 +44,6 @@ Pending = tuple[Tensor, RankActs | None, GroupLora | None]
 
 def _group(lora: LoraLike, layer: int, name: str) -> GroupLora | None:
     return None if lora is None else lora.get(layer, name)
-
-
-class Proj:
-    """A fused projection over ``modules``: ``weight [out + spare, in]`` (and ``bias``), whose
-    first ``out`` rows are the modules' weights (their parameters are views) and whose spare
-    rows hold LoRA first factors (see :mod:`evolm.server.fastlora`)."""
-
-    def __init__(self, modules: list[nn.Module]) -> None:
-        self.modules = modules
-        self.weight, self.bias = fuse(modules)
-        self.out = self.weight.shape[0]
-
-    def reserve(self, spare: int) -> bool:
-        """At least ``spare`` spare rows; True when the buffer had to be reallocated."""
-        if self.weight.shape[0] - self.out >= spare:
-            return False
-        self.weight, self.bias = fuse(self.modules, spare)
-        return True
-
-    def spare_rows(self, rows: int) -> Tensor:
-        return self.weight[self.out : self.out + rows]
-
-    def project(self, x: Tensor, lora: GroupLora | None) -> tuple[Tensor, RankActs | None]:
-        """``(bias + x W^T, u)``: see :func:`evolm.server.fastlora.project`."""
-        return project(x, self.weight, self.bias, self.out, lora)
 
 
 @dataclass(frozen=True)

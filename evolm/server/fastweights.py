@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from evolm.server.fastlora import GroupLora, RankActs, project
 from evolm.server.multilora import MultiLoraLinear
 
 
@@ -61,3 +62,28 @@ def fuse(modules: list[nn.Module], spare: int = 0) -> tuple[Tensor, Tensor | Non
         off += n
     modules[0]._evolm_fused = (weight, bias)
     return weight, bias
+
+
+class Proj:
+    """A fused projection over ``modules``: ``weight [out + spare, in]`` (and ``bias``), whose
+    first ``out`` rows are the modules' weights (their parameters are views) and whose spare
+    rows hold LoRA first factors (see :mod:`evolm.server.fastlora`)."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = modules
+        self.weight, self.bias = fuse(modules)  # may be an earlier buffer with spare rows
+        self.out = sum(base_linear(m).out_features for m in modules)
+
+    def reserve(self, spare: int) -> bool:
+        """At least ``spare`` spare rows; True when the buffer had to be reallocated."""
+        if self.weight.shape[0] - self.out >= spare:
+            return False
+        self.weight, self.bias = fuse(self.modules, spare)
+        return True
+
+    def spare_rows(self, rows: int) -> Tensor:
+        return self.weight[self.out : self.out + rows]
+
+    def project(self, x: Tensor, lora: GroupLora | None) -> tuple[Tensor, RankActs | None]:
+        """``(bias + x W^T, u)``: see :func:`evolm.server.fastlora.project`."""
+        return project(x, self.weight, self.bias, self.out, lora)
