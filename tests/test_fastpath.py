@@ -172,7 +172,7 @@ def test_grouped_lora_equals_each_module_alone(in_weights: bool, targets: list[s
     ).view(members * rows, -1)
     for lo, hi in ((0, members), (1, members)):
         g = lora.view(lo, hi).get(0, "qkv") if lo else lora.get(0, "qkv")
-        assert (g.spare > 0) == g.in_weights == in_weights
+        assert (g.spare > 0) == in_weights  # A in the weights: u from the base GEMM
         base, u = project(x[lo * rows : hi * rows], weight, None, sum(outs), g)
         got = base + lora_delta(u, g)
         assert (got - want[lo * rows : hi * rows]).abs().max().item() <= 1e-4

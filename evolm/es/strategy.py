@@ -258,16 +258,9 @@ class ES:
             scale / n if self.update == "paper" else 1.0 / (n * self.sigma * scale)
             for scale in state.scales
         ]
-        if len(set(coefs)) == 1:  # one pass over the flat vector, then views
-            acc.mul_(coefs[0])
-            coefs = [1.0] * len(coefs)
-        out = []
-        for m, coef, d in zip(
-            state.mean, coefs, split_noise(acc, [m.shape for m in state.mean]), strict=True
-        ):
-            d = d if coef == 1.0 else d.mul_(coef)
-            out.append(d.to(m.device))
-        return out
+        out = split_noise(acc, [m.shape for m in state.mean])
+        torch._foreach_mul_(out, coefs)  # one fused launch per chunk of tensors
+        return [d.to(m.device) for m, d in zip(state.mean, out, strict=True)]
 
 
 def _unique_noise(state: ESState, seeds: Sequence[int]) -> Tensor:

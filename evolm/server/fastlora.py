@@ -6,7 +6,7 @@ a group of ``k`` adapted modules and M members (rows grouped by member, member-m
 - first factors ``A [M, c, in]``: the k modules' A's side by side (``c >= k * r`` rank
   columns), so ``u = x A_m^T [rows, c]`` is every module's rank-space activation. On GPUs
   ``A`` lives in the spare rows of the projection's own weight buffer
-  (:meth:`evolm.server.fastpath.Proj.reserve`): one GEMM gives the base output AND ``u`` of all
+  (:meth:`evolm.server.fastweights.Proj.reserve`): one GEMM gives the base output AND ``u`` of all
   members (the rows use only their member's columns; the rest is a few % of extra FLOPs, cheaper
   than a launch-bound batched matmul per step). On CPUs ``u`` is one ``bmm``.
 - second factors ``Bt [M, r, out]``, compact: module j's ``B_j^T`` (pre-multiplied by
@@ -46,8 +46,8 @@ class GroupLora:
     the first rank column in ``u`` of the group's j-th module (``GROUPS`` order; -1: not
     adapted, its Bt columns are zero); ``splits``: the modules' output widths; ``spare``: the
     weight-buffer rows the base GEMM covers to produce ``u`` of ALL members after its ``out``
-    columns (0: ``u`` by ``bmm``); ``in_weights``: ``A`` is a view of spare rows; ``lo``: the
-    first member of this range.
+    columns (0: ``A`` has its own buffer and ``u`` is a ``bmm``); ``lo``: the first member of
+    this range.
     """
 
     A: Tensor
@@ -55,7 +55,6 @@ class GroupLora:
     offsets: tuple[int, ...]
     splits: tuple[int, ...]
     spare: int = 0
-    in_weights: bool = False
     lo: int = 0
 
     @property
@@ -102,8 +101,7 @@ def project(
     """``(bias + x W^T, u)`` for ``x [rows, in]``; ``weight [out + spare rows, in]`` is the
     projection's whole buffer (its first ``out`` rows are W)."""
     if lora is None or lora.spare == 0:
-        w, b = weight[:out], None if bias is None else bias[:out]
-        base = x @ w.t() if b is None else torch.addmm(b, x, w.t())
+        base = _linear(x, weight, bias, out)
         if lora is None:
             return base, None
         u = torch.bmm(x.reshape(lora.members, -1, x.shape[-1]), lora.A.mT)
@@ -111,11 +109,15 @@ def project(
     # the GEMM covers the spare rows up to this range's last member (rounded to 8 for aligned
     # rows): decode takes all members, a prefill chunk skips the members after it
     used = -(-(lora.lo + lora.members) * lora.cols // 8) * 8
-    n = out + min(lora.spare, used)
-    w, b = weight[:n], None if bias is None else bias[:n]
-    y = x @ w.t() if b is None else torch.addmm(b, x, w.t())
+    y = _linear(x, weight, bias, out + min(lora.spare, used))
     first = out + lora.lo * lora.cols
     return y[:, :out], RankActs(y[:, first : first + lora.members * lora.cols], lora.cols)
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rows: int) -> Tensor:
+    """``bias + x W^T`` over the first ``rows`` rows of ``weight`` (and ``bias``)."""
+    w = weight[:rows]
+    return x @ w.t() if bias is None else torch.addmm(bias[:rows], x, w.t())
 
 
 def lora_delta(acts: RankActs, lora: GroupLora) -> Tensor:
@@ -180,7 +182,7 @@ class FastLora:
             else:
                 spare = -(-members * need // 8) * 8
                 a = spare_rows(layer, group, spare)[: members * need].view(members, need, -1)
-            self.groups[(layer, group)] = GroupLora(a, bt, offsets, splits, spare, spare > 0)
+            self.groups[(layer, group)] = GroupLora(a, bt, offsets, splits, spare)
         # where each layout tensor goes: (group, rank columns of A, output columns of Bt)
         self._plan: list[tuple[GroupLora, slice, slice]] = []
         for t in layout.targets:
@@ -220,7 +222,6 @@ class FastLoraView:
 
     def __init__(self, lora: FastLora, lo: int, hi: int) -> None:
         self.lora, self.lo, self.hi = lora, lo, hi
-        self.members = hi - lo
 
     def get(self, layer: int, group: str) -> GroupLora | None:
         g = self.lora.get(layer, group)

@@ -68,7 +68,7 @@ class Ops:
     or ``triton`` (:mod:`evolm.server.triton_ops`, GPU only): there decode attention is a Triton
     kernel too (``decode_attention`` is None where the forward should use SDPA), so are the
     residual add + RMSNorm (``add_rms_norm``), and the second LoRA products are fused into
-    them and into the RoPE and SiLU-and-multiply kernels (``fused_lora``: where the rows allow).
+    them and into the RoPE and SiLU-and-multiply kernels.
     """
 
     MODES = ("eager", "compile", "triton")
@@ -92,8 +92,3 @@ class Ops:
             self.add_rms_norm = triton_ops.add_rms_norm
             self.norm_max_hidden = triton_ops.NORM_MAX_HIDDEN
             self.decode_attention = triton_attention.decode_attention
-
-    def fused_lora(self, rows: int, members: int) -> bool:
-        """Can the Triton kernels apply the LoRA's second product for these rows (grouped by
-        member, the same count each)?"""
-        return self.mode == "triton" and rows % members == 0

@@ -46,6 +46,12 @@ def _group(lora: LoraLike, layer: int, name: str) -> GroupLora | None:
     return None if lora is None else lora.get(layer, name)
 
 
+def _pending(proj: Proj, x: Tensor, g: GroupLora | None) -> Pending:
+    """The o / down projection of ``x``, held for the next residual add + RMSNorm."""
+    y, u = proj.project(x, g)
+    return y, u, g
+
+
 @dataclass(frozen=True)
 class FastLayer:
     ln1: Tensor
@@ -163,10 +169,6 @@ class FastModel:
             torch.argmax(self.logits(h[lo:hi], scratch[: hi - lo]), dim=-1, out=tokens[lo:hi])
 
     # -- one layer -----------------------------------------------------------------------
-    def _fused(self, rows: int, g: GroupLora | None) -> bool:
-        """Can the Triton kernels apply ``g``'s second products for these rows?"""
-        return g is None or self.ops.fused_lora(rows, g.members)
-
     def add_norm(self, x: Tensor, pending: Pending | None, weight: Tensor) -> Tensor:
         """``x += y + u Bt`` (the pending o / down output, in place), then RMSNorm of ``x``."""
         y, u, g = pending if pending is not None else (None, None, None)
@@ -181,13 +183,11 @@ class FastModel:
     def _mlp(self, i: int, w: FastLayer, h: Tensor, lora: LoraLike) -> Pending:
         g = _group(lora, i, "gate_up")
         base, u = w.gate_up.project(h, g)
-        if self.ops.mode == "triton" and self._fused(h.shape[0], g):
+        if self.ops.mode == "triton":  # the kernel adds u Bt itself
             act = self.ops.silu_mul(base, u, g)
         else:
             act = self.ops.silu_mul(base if u is None else base + lora_delta(u, g))  # type: ignore[arg-type]
-        gd = _group(lora, i, "down")
-        y, ud = w.down.project(act, gd)
-        return y, ud, gd
+        return _pending(w.down, act, _group(lora, i, "down"))
 
     def _qkv(
         self,
@@ -204,7 +204,7 @@ class FastModel:
         k and v are written at ``slot`` and come back as None."""
         g, tokens, rot = _group(lora, i, "qkv"), h.shape[0], self.heads + self.kv_heads
         base, u = w.qkv.project(h, g)
-        if self.ops.qkv_rope is not None and self._fused(tokens, g):
+        if self.ops.qkv_rope is not None:  # the kernel adds u Bt itself
             qkv = base.view(tokens, -1, self.head_dim)
             out = self.ops.qkv_rope(qkv, cos, sin, rot, u, g, cache)
             if cache is not None:
@@ -215,11 +215,6 @@ class FastModel:
         qk = self.ops.rope(qk, cos, sin)
         v = qkv[:, self.q_out + self.kv_out :].reshape(tokens, -1, self.head_dim)
         return qk[:, : self.heads], qk[:, self.heads :], v
-
-    def _attention_out(self, i: int, w: FastLayer, attn: Tensor, lora: LoraLike) -> Pending:
-        g = _group(lora, i, "o")
-        y, u = w.o.project(attn, g)
-        return y, u, g
 
     # -- prefill -------------------------------------------------------------------------
     def prefill(
@@ -251,7 +246,7 @@ class FastModel:
             cache.v[i, rows, :, :length] = v
             attn = self._prefill_attention(q, k, v, mask)
             attn = attn.transpose(1, 2).reshape(r * length, self.q_out)
-            h = self.add_norm(x, self._attention_out(i, w, attn, lora), w.ln2)
+            h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
             pending = self._mlp(i, w, h, lora)
         h = self.add_norm(x, pending, self.norm)
         return self.logits(h.view(r, length, self.hidden)[:, -1])
@@ -303,6 +298,6 @@ class FastModel:
                 with self._decode_backend():
                     attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
             attn = attn.reshape(rows, self.q_out)
-            h = self.add_norm(x, self._attention_out(i, w, attn, lora), w.ln2)
+            h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
             pending = self._mlp(i, w, h, lora)
         return self.add_norm(x, pending, self.norm)
