@@ -246,9 +246,9 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     assert close(triton_ops.silu_mul(gu), fastops.silu_mul(gu.float()))
     members, rpm, r = 4, 32, 4
 
-    def group(out: tuple[int, ...], offsets: tuple[int, ...]) -> GroupLora:
-        a = torch.empty(members, r * len(out), 1, device=dev, dtype=bf16)  # shape only
-        return GroupLora(a, rand(members, r, sum(out)) * 0.1, offsets, out)
+    def group(out: tuple[int, ...], offsets: tuple[int, ...], rank: int = r) -> GroupLora:
+        a = torch.empty(members, rank * len(out), 1, device=dev, dtype=bf16)  # shape only
+        return GroupLora(a, rand(members, rank, sum(out)) * 0.1, offsets, out)
 
     def acts(g: GroupLora) -> RankActs:  # u inside a wider GEMM output, as in the fast path
         wide = rand(members * rpm, 40 + members * g.cols)
@@ -258,16 +258,18 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         f32 = GroupLora(g.A, g.Bt.float(), g.offsets, g.splits)
         return lora_delta(RankActs(u.u.float(), u.member_stride), f32)
 
-    g = group((4864, 4864), (4, 0))  # up's rank columns first: offsets are honoured
-    u, gu = acts(g), rand(members * rpm, 2 * 4864 + 8)[:, : 2 * 4864]  # strided rows
-    want = fastops.silu_mul(gu.float() + want_delta(u, g))
-    for dot in (0, 1):  # rank products as FMA updates, or tl.dot
-        tuned = triton_ops.TUNE["silu"]
-        triton_ops.TUNE["silu"] = {**tuned, "dot": dot}
-        try:
-            assert close(triton_ops.silu_mul(gu, u, g), want), dot
-        finally:
-            triton_ops.TUNE["silu"] = tuned
+    gu = rand(members * rpm, 2 * 4864 + 8)[:, : 2 * 4864]  # strided rows
+    for rank in (r, 20):  # 20: more rank columns than one 16-wide tl.dot tile
+        g = group((4864, 4864), (rank, 0), rank)  # up's rank columns first: offsets honoured
+        u = acts(g)
+        want = fastops.silu_mul(gu.float() + want_delta(u, g))
+        for dot in (0, 1):  # rank products as FMA updates, or tl.dot
+            tuned = triton_ops.TUNE["silu"]
+            triton_ops.TUNE["silu"] = {**tuned, "dot": dot}
+            try:
+                assert close(triton_ops.silu_mul(gu, u, g), want), (rank, dot)
+            finally:
+                triton_ops.TUNE["silu"] = tuned
     x = rand(members * rpm, 44 * 64)[:, : 36 * 64]  # 28 q, 4 k, 4 v heads
     cos, sin = rand(members * rpm, 1, 64).clamp(-1, 1), rand(members * rpm, 1, 64).clamp(-1, 1)
     g = group((28 * 64, 4 * 64, 4 * 64), (0, -1, 4))  # k not adapted: its Bt columns are 0

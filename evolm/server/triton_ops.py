@@ -63,7 +63,7 @@ def _silu_mul_kernel(
     x_ptr, u_ptr, b_ptr, out_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
     off_g, off_u,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, BLOCK: tl.constexpr,
-    DOT: tl.constexpr, PRECISION: tl.constexpr,
+    DOT: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tb, blk = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -75,7 +75,7 @@ def _silu_mul_kernel(
     up = tl.load(at + inter, mask=ok).to(tl.float32)
     if HAS_LORA and DOT:  # + u_j Bt_j (gate: module 0, up: module 1) as two tl.dot
         m = (tb * BT) // rpm
-        offs_c = tl.arange(0, 16)
+        offs_c = tl.arange(0, C)
         u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
         u_ok = r_ok[:, None] & (offs_c[None, :] < R)
         b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
@@ -120,7 +120,7 @@ def silu_mul(gate_up: Tensor, u: RankActs | None = None, g: GroupLora | None = N
         gate_up, up_, bt, out, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
         HAS_LORA=lora, R=rank, BT=bt_rows, BLOCK=block, DOT=bool(tune["dot"]) and bt_rows >= 16,
-        PRECISION=_precision(gate_up), num_warps=tune["warps"] if lora else 8,
+        C=_dot_cols(rank), PRECISION=_precision(gate_up), num_warps=tune["warps"] if lora else 8,
     )  # fmt: skip
     return out
 
@@ -131,7 +131,7 @@ def _qkv_rope_kernel(
     n_rows, q_heads, rot_heads, sx_t, sx_h, sc_t, su, su_m, sb_m, sb_c, so_t, so_h,
     skc_r, skc_h, skc_n, svc_r, svc_h, svc_n, rpm, off_q, off_k, off_v,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr,
-    TO_CACHE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+    TO_CACHE: tl.constexpr, DOT: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tb, h = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -143,7 +143,7 @@ def _qkv_rope_kernel(
     if HAS_LORA and DOT:  # + u_j Bt_j on this head's columns (j: its module, q, k or v)
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
-        offs_c = tl.arange(0, 16)
+        offs_c = tl.arange(0, C)
         c_ok = offs_c < R
         u_at = u_ptr + rows[:, None] * su + m * su_m + off + offs_c[None, :]
         b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + h * 2 * HALF + offs_d[None, :]
@@ -217,7 +217,7 @@ def qkv_rope(
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         rpm, offs[0], offs[1], offs[2],
         HAS_LORA=lora, R=rank, BT=bt_rows, HALF=hd // 2, TO_CACHE=cache is not None,
-        DOT=bool(tune["dot"]) and bt_rows >= 16, PRECISION=_precision(qkv),
+        DOT=bool(tune["dot"]) and bt_rows >= 16, C=_dot_cols(rank), PRECISION=_precision(qkv),
         num_warps=tune["warps"] if lora else 4,
     )  # fmt: skip
     return out
@@ -282,6 +282,11 @@ def add_rms_norm(
         num_warps=TUNE["norm"]["warps"] or max(1, min(16, block // 256)),
     )  # fmt: skip
     return h
+
+
+def _dot_cols(rank: int) -> int:
+    """``tl.dot``'s inner size for ``rank`` columns: a power of two >= 16 (masked beyond)."""
+    return max(16, triton.next_power_of_2(rank))
 
 
 def _precision(x: Tensor) -> str:
