@@ -16,10 +16,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra_zen import builds
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.lora.spec import LoraSpec
 from evolm.model import HubModel, TinyModel
-from evolm.server.local import LocalEngine
 from evolm.server.sglang import SGLangEngine
 from evolm.server.vllm import VLLMEngine
 from evolm.task.conciseness import Conciseness

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from evolm.engine.base import Engine
 from evolm.lora.layout import LoraPopulation
-from evolm.server.base import Engine
 from evolm.task.base import Example, Task
 
 

@@ -16,10 +16,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from evolm.engine.base import Engine
 from evolm.es import ES, ESState
 from evolm.evaluate import evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation
-from evolm.server.base import Engine
 from evolm.task.base import Task
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@
 #   CUDA_DEVICES         CUDA_VISIBLE_DEVICES (default: inherited)
 #   DTYPE                default auto
 #   PYTHON               interpreter with sglang (default python3)
-#   MODULE               default sglang.launch_server; evolm.server.sglang_standin runs the CPU
+#   MODULE               default sglang.launch_server; evolm.testing.sglang_standin runs the CPU
 #                        stand-in (tests, demos without a GPU)
 #   extra arguments are passed on, e.g. --mem-fraction-static 0.8 --enable-deterministic-inference
 set -euo pipefail

@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_fastpath import check_forced, check_triton_ops, population
 
 from evolm.bench.shapes import build_model
+from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
-from evolm.server.local import LocalEngine
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from evolm.app import Builder, train
+from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
-from evolm.server.local import LocalEngine
 from tests.helpers import REPO, compose_config, run_cli
 
 GROUPS = ["task", "model", "lora", "es", "server", "callbacks", "logger"]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
-from evolm.server.local import LocalEngine
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow, please."]
 

@@ -12,12 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from evolm.bench.shapes import build_model
+from evolm.engine.fast.lora import FastLora, GroupLora, RankActs, lora_delta, operand, project
+from evolm.engine.hf.multilora import load_population
+from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
-from evolm.server.fastlora import FastLora, GroupLora, RankActs, lora_delta, project
-from evolm.server.local import LocalEngine
-from evolm.server.multilora import load_population
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 CPU = torch.device("cpu")
 TOL = 1e-4
@@ -223,7 +223,9 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     """Every Triton kernel against torch on ``dev`` in ``bf16`` (fp32 where interpreted)."""
     import torch.nn.functional as F
 
-    from evolm.server import fastops, triton_attention, triton_ops
+    from evolm.engine.fast import ops as fastops
+    from evolm.engine.kernels import attention as triton_attention
+    from evolm.engine.kernels import fused as triton_ops
 
     gen = torch.Generator(dev).manual_seed(0)
 
@@ -267,7 +269,7 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
             tuned = triton_ops.TUNE["silu"]
             triton_ops.TUNE["silu"] = {**tuned, "dot": dot}
             try:
-                assert close(triton_ops.silu_mul(gu, u, g), want), (rank, dot)
+                assert close(triton_ops.silu_mul(gu, operand(u, g)), want), (rank, dot)
             finally:
                 triton_ops.TUNE["silu"] = tuned
     x = rand(members * rpm, 44 * 64)[:, : 36 * 64]  # 28 q, 4 k, 4 v heads
@@ -283,7 +285,9 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         tuned = triton_ops.TUNE["rope"]
         triton_ops.TUNE["rope"] = {**tuned, "dot": dot}
         try:
-            got = triton_ops.qkv_rope(x.view(-1, 36, 64), cos, sin, 32, u, g, (kc, vc, slot))
+            got = triton_ops.qkv_rope(
+                x.view(-1, 36, 64), cos, sin, 32, operand(u, g), (kc, vc, slot)
+            )
         finally:
             triton_ops.TUNE["rope"] = tuned
         assert close(got, want), dot
@@ -294,7 +298,7 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     u, y = acts(g), rand(members * rpm, hidden + 24)[:, :hidden]
     res = rand(members * rpm, hidden)
     ref = res.float() + y.float() + want_delta(u, g)
-    h = triton_ops.add_rms_norm(res, w, 1e-6, y, u, g)
+    h = triton_ops.add_rms_norm(res, w, 1e-6, y, operand(u, g))
     assert close(res, ref)  # the residual stream, updated in place
     assert close(h, F.rms_norm(ref, (hidden,), w.float(), 1e-6))
     assert close(
@@ -306,8 +310,8 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
 def test_second_engine_on_a_model_with_spare_rows(qwen: torch.nn.Module) -> None:
     """A buffer grown for LoRA first factors (spare rows) is reused by a later fast model on the
     same HF model, whose projections still cover only the model's own rows."""
-    from evolm.server.fastpath import FastModel
-    from evolm.server.fastweights import base_linear
+    from evolm.engine.fast.model import FastModel
+    from evolm.engine.fast.weights import base_linear
 
     first = FastModel(qwen)
     rows = first.spare_rows(0, "qkv", 24)

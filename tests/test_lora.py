@@ -9,11 +9,11 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from evolm.engine.hf.multilora import load_population
+from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, load_adapter, save_adapter
-from evolm.server.local import LocalEngine
-from evolm.server.multilora import load_population
 
 
 def layout_for(model_dir: str, **spec: object) -> tuple[LoraSpec, LoraLayout]:

@@ -1,4 +1,4 @@
-"""``server=sglang`` against the SGLang stand-in (``evolm.server.sglang_standin``, CPU).
+"""``server=sglang`` against the SGLang stand-in (``evolm.testing.sglang_standin``, CPU).
 
 The stand-in enforces SGLang 0.5.x's HTTP contract (serving.md) and generates with the real
 LocalEngine, so SGLangEngine's outputs must equal the LocalEngine's for the same adapters.
@@ -21,21 +21,21 @@ import requests
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, save_adapter
+from evolm.sampling import Sampling
 from evolm.server.connection import ServerProcess, StartupError, free_port
-from evolm.server.local import LocalEngine
 from evolm.server.remote import ServerDown
 from evolm.server.sglang import SGLangEngine
 from evolm.server.staging import adapter_root
-from evolm.task.base import Sampling
 from evolm.task.conciseness import Conciseness
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
-STANDIN = "evolm.server.sglang_standin"
+STANDIN = "evolm.testing.sglang_standin"
 QV = ("q_proj", "v_proj")
 PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow."]
 

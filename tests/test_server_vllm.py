@@ -20,14 +20,14 @@ import requests
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
+from evolm.sampling import Sampling
 from evolm.server.connection import ServerProcess, free_port
-from evolm.server.local import LocalEngine
 from evolm.server.vllm import VLLMEngine, vllm_max_lora_rank
-from evolm.task.base import Sampling
 from evolm.task.conciseness import Conciseness
 
 REPO = Path(__file__).resolve().parents[1]

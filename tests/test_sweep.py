@@ -15,14 +15,14 @@ from mlflow import MlflowClient
 from omegaconf import read_write
 from optuna.trial import TrialState
 
+from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.lora.layout import LoraPopulation
+from evolm.sampling import Sampling
 from evolm.server import pool
-from evolm.server.local import LocalEngine
 from evolm.sweep.callback import check_rank_cover, search_space
 from evolm.sweep.study import resume_seed
-from evolm.task.base import Sampling
 from evolm.tracking.sweep import KEY_TAG
 from tests.helpers import CONF, run_cli
 

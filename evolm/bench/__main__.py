@@ -23,7 +23,7 @@ from evolm.bench.methods import Workload
 from evolm.bench.report import markdown
 from evolm.bench.shapes import SHAPES, build_model, save_model
 from evolm.bench.suite import METHODS, run_workload
-from evolm.server.local import DTYPES, resolve_device
+from evolm.engine.local import DTYPES, resolve_device
 
 log = logging.getLogger("evolm.bench")
 

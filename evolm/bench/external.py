@@ -21,7 +21,7 @@ from torch import Tensor
 
 from evolm.bench.methods import Runner, Workload
 from evolm.lora import LoraPopulation
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 
 def sglang_runner(url: str, model_path: str) -> Runner:

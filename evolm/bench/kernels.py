@@ -4,7 +4,7 @@ variants at one decode step's shapes, over launch settings (GPU only).
     python -m evolm.bench.kernels --shape qwen2.5-0.5b --json kernels.json
 
 For each kernel (SiLU-and-multiply, RoPE + cache write, residual-add + RMSNorm) it times the base
-kernel and the LoRA-fused one under every setting of :data:`evolm.server.triton_ops.TUNE` in the
+kernel and the LoRA-fused one under every setting of :data:`evolm.engine.kernels.fused.TUNE` in the
 grid below, each as 20 launches captured in a CUDA graph (as the decode step replays them), and
 prints microseconds per launch. The best settings go into ``TUNE``'s defaults by hand.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from evolm.bench.shapes import SHAPES
-from evolm.server.fastlora import GroupLora, RankActs
+from evolm.engine.fast.lora import GroupLora, RankActs, operand
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def graph_time(fn: Callable[[], Any], launches: int = 20, reps: int = 10) -> flo
 
 def cases(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
     """The kernels' inputs at one decode step: ``members * prompts`` rows, bf16."""
-    from evolm.server import triton_ops as T
+    from evolm.engine.kernels import fused as T
 
     cfg = SHAPES[shape]
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
@@ -98,21 +98,21 @@ def cases(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
     return {
         "silu": (
             lambda: T.silu_mul(gu),
-            lambda: T.silu_mul(gu, u_gu, g_gu),
+            lambda: T.silu_mul(gu, operand(u_gu, g_gu)),
         ),
         "rope": (
             lambda: T.qkv_rope(qkv, cos, sin, rot, cache=(*cache, slot)),
-            lambda: T.qkv_rope(qkv, cos, sin, rot, u_qkv, g_qkv, (*cache, slot)),
+            lambda: T.qkv_rope(qkv, cos, sin, rot, operand(u_qkv, g_qkv), (*cache, slot)),
         ),
         "norm": (
             lambda: T.add_rms_norm(x, w, 1e-6, y),
-            lambda: T.add_rms_norm(x, w, 1e-6, y, u_d, g_d),
+            lambda: T.add_rms_norm(x, w, 1e-6, y, operand(u_d, g_d)),
         ),
     }
 
 
 def run(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
-    from evolm.server import triton_ops as T
+    from evolm.engine.kernels import fused as T
 
     out: dict[str, Any] = {"shape": shape, "members": members, "prompts": prompts, "rank": rank}
     for name, (base, lora) in cases(shape, members, prompts, rank).items():

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from evolm.engine.hf.multilora import detached, load_population
+from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.es.noise import mix_seed
 from evolm.lora import LoraPopulation, save_adapter
-from evolm.server.local import LocalEngine
-from evolm.server.multilora import detached, load_population
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 
 @dataclass(frozen=True)

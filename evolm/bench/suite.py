@@ -19,10 +19,10 @@ import transformers
 from evolm.bench import methods as M
 from evolm.bench.roofline import Dims, device_peaks, floor
 from evolm.bench.shapes import build_model, param_bytes
+from evolm.engine.hf.multilora import load_population
+from evolm.engine.local import DTYPES, LocalEngine
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
-from evolm.server.local import DTYPES, LocalEngine
-from evolm.server.multilora import load_population
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def run_workload(
     fast: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Time ``methods`` on ``work``; see the module docstring for the record. ``fast`` sets
-    attributes of the engine's :class:`~evolm.server.fastgen.FastGenerator` (tuning)."""
+    attributes of the engine's :class:`~evolm.engine.fast.runner.FastGenerator` (tuning)."""
     dtype = DTYPES[work.dtype]
     model = build_model(work.shape, device, dtype, seed=work.seed)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=work.rank))

@@ -22,8 +22,8 @@ import torch
 
 from evolm.bench import methods as M
 from evolm.bench.shapes import SHAPES, build_model
+from evolm.engine.local import DTYPES, LocalEngine
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
-from evolm.server.local import DTYPES, LocalEngine
 
 log = logging.getLogger("evolm.bench.tune")
 

@@ -1,5 +1,5 @@
 """Engines that evaluate populations: ``local`` (in-process), and persistent servers."""
 
-from evolm.server.base import Engine
+from evolm.engine.base import Engine
 
 __all__ = ["Engine"]

@@ -21,9 +21,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from evolm.engine.base import Engine
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
-from evolm.server.base import Engine
 
 log = logging.getLogger(__name__)
 

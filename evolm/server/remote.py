@@ -44,13 +44,13 @@ from typing import Any, ClassVar
 import torch
 from transformers import AutoTokenizer
 
+from evolm.engine.base import chat_prompt
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.peft_io import save_adapter
-from evolm.server.base import chat_prompt
+from evolm.sampling import Sampling
 from evolm.server.connection import Server, ServerDown, ServerError, ServerProcess, free_port
 from evolm.server.staging import adapter_root
-from evolm.task.base import Sampling
 
 __all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError"]
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
+from evolm.sampling import Sampling
 from evolm.server.remote import Call, RemoteEngine, ServerError
-from evolm.task.base import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class SGLangEngine(RemoteEngine):
     """Evaluates populations on an SGLang server (launched, or attached with ``url``).
 
     Args (beyond :class:`~evolm.server.vllm.VLLMEngine`'s shared ones):
-        launch_module: ``sglang.launch_server``; ``evolm.server.sglang_standin`` runs the
+        launch_module: ``sglang.launch_server``; ``evolm.testing.sglang_standin`` runs the
             CPU stand-in that enforces SGLang's HTTP contract (tests).
         max_lora_rank: ``--max-lora-rank`` (``None``: lora.rank). Fixed for the server's life:
             for a sweep over ranks, launch with the largest.

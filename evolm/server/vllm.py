@@ -16,8 +16,8 @@ from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
+from evolm.sampling import Sampling
 from evolm.server.remote import Call, RemoteEngine, ServerError
-from evolm.task.base import Sampling
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 

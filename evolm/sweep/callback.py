@@ -156,7 +156,7 @@ class SweepCallback(Callback):
         self._update(config, pending=done)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from evolm.server.local import LocalEngine
+        from evolm.engine.local import LocalEngine
         from evolm.server.pool import POOL
 
         log.info(

@@ -14,33 +14,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from evolm.errors import ConfigError
+from evolm.sampling import Sampling
 
 Message = Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How completions are generated: greedy when ``temperature == 0``."""
-
-    max_new_tokens: int = 100
-    temperature: float = 0.0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(
-                "max_new_tokens",
-                f"must be >= 1, got {self.max_new_tokens}",
-                "set it to the longest completion you need, e.g. 100",
-            )
-        if self.temperature < 0:
-            raise ConfigError(
-                "temperature",
-                f"must be >= 0, got {self.temperature}",
-                "use 0 for greedy decoding or a positive value to sample",
-            )
-        if not 0 < self.top_p <= 1:
-            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p}", "use 1.0 to disable")
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from evolm.server.cudagraph import PhaseTimer, capture
-from evolm.server.fastlora import FastLora
-from evolm.server.fastpath import FastModel, prefill_mask
-from evolm.server.generation import next_token
-from evolm.task.base import Sampling
+from evolm.engine.fast.cudagraph import PhaseTimer, capture
+from evolm.engine.fast.lora import FastLora
+from evolm.engine.fast.model import FastModel, prefill_mask
+from evolm.engine.hf.generation import next_token
+from evolm.sampling import Sampling
 
 MIN_PREFILL_BYTES = 64 * 2**20
 PREFILL_SHARE = 0.04  # prefill transients <= this share of (weights + KV cache), or the minimum
@@ -122,7 +122,7 @@ class FastGenerator:
         check_every: int = 8,
     ) -> Tensor:
         """New tokens ``[rows, <= max_new_tokens]`` (after a row's EOS: ``pad_id``), as
-        :func:`evolm.server.generation.generate_tokens`. ``lora`` holds ``rows / P`` members."""
+        :func:`evolm.engine.hf.generation.generate_tokens`. ``lora`` holds ``rows / P`` members."""
         timer = PhaseTimer(self.device)
         greedy = sampling.temperature == 0
         ws = self.start(input_ids, attention_mask, lora, sampling.max_new_tokens, greedy)

@@ -6,17 +6,17 @@ per layer, a host sync, and a growing cache. This forward computes the same func
 - fused projections (:class:`Proj`): q/k/v are one matmul and gate/up one. The fused weight
   buffers are built once and the HF modules' parameters are turned into *views* of them, so the
   weights are held once and an in-place edit through either path is seen by both;
-- grouped LoRA (:mod:`evolm.server.fastlora`): on GPUs every member's first factors sit in spare
+- grouped LoRA (:mod:`evolm.engine.fast.lora`): on GPUs every member's first factors sit in spare
   rows of the projection's weight buffer, so one GEMM gives the base output and the rank-space
   activations of all members; the second products are applied inside the next kernel: RoPE for
   q/k/v, SiLU-and-multiply for gate/up, and the residual-add + RMSNorm that follows o and down
-  (:mod:`evolm.server.triton_ops`). A LoRA layer then launches the same kernels as a base one;
+  (:mod:`evolm.engine.kernels.fused`). A LoRA layer then launches the same kernels as a base one;
 - the residual stream is updated by the norm: ``h = rmsnorm(x += y + delta)``, where ``y`` is
   the o or down output (the "pending" add of the previous block);
 - a static KV cache ``[layers, rows, kv_heads, slots, head_dim]``: prefill (last-position
   logits only) writes slots ``0..L-1``; decode step ``t`` writes slot ``L + t`` and attends
   over the first ``E`` slots through an additive mask, so every step has the same shapes and
-  can be replayed as a CUDA graph (:mod:`evolm.server.fastgen`).
+  can be replayed as a CUDA graph (:mod:`evolm.engine.fast.runner`).
 
 Decode attention treats the ``g = heads / kv_heads`` query heads that share a KV head as ``g``
 query positions of that head: one SDPA call (on GPUs a Triton kernel) over the cache with no KV
@@ -33,9 +33,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from evolm.server.fastlora import FastLora, FastLoraView, GroupLora, RankActs, lora_delta
-from evolm.server.fastops import Ops, default_mode
-from evolm.server.fastweights import Proj, unsupported_reason
+from evolm.engine.fast.lora import (
+    FastLora,
+    FastLoraView,
+    GroupLora,
+    RankActs,
+    lora_delta,
+    operand,
+)
+from evolm.engine.fast.ops import Ops, default_mode
+from evolm.engine.fast.weights import Proj, unsupported_reason
 
 LoraLike = FastLora | FastLoraView | None
 Pending = tuple[Tensor, RankActs | None, GroupLora | None]
@@ -173,7 +180,7 @@ class FastModel:
         """``x += y + u Bt`` (the pending o / down output, in place), then RMSNorm of ``x``."""
         y, u, g = pending if pending is not None else (None, None, None)
         if self.ops.add_rms_norm is not None and self.hidden <= self.ops.norm_max_hidden:
-            return self.ops.add_rms_norm(x, weight, self.eps, y, u, g)
+            return self.ops.add_rms_norm(x, weight, self.eps, y, operand(u, g))
         if y is not None:
             x.add_(y)
         if u is not None and g is not None:
@@ -184,7 +191,7 @@ class FastModel:
         g = _group(lora, i, "gate_up")
         base, u = w.gate_up.project(h, g)
         if self.ops.mode == "triton":  # the kernel adds u Bt itself
-            act = self.ops.silu_mul(base, u, g)
+            act = self.ops.silu_mul(base, operand(u, g))
         else:
             act = self.ops.silu_mul(base if u is None else base + lora_delta(u, g))  # type: ignore[arg-type]
         return _pending(w.down, act, _group(lora, i, "down"))
@@ -206,7 +213,7 @@ class FastModel:
         base, u = w.qkv.project(h, g)
         if self.ops.qkv_rope is not None:  # the kernel adds u Bt itself
             qkv = base.view(tokens, -1, self.head_dim)
-            out = self.ops.qkv_rope(qkv, cos, sin, rot, u, g, cache)
+            out = self.ops.qkv_rope(qkv, cos, sin, rot, operand(u, g), cache)
             if cache is not None:
                 return out[:, : self.heads], None, None
             return out[:, : self.heads], out[:, self.heads : rot], out[:, rot:]

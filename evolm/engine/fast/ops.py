@@ -4,7 +4,7 @@ Eagerly, RoPE is five kernels (two slices + cat, two products, a sum) and SiLU-a
 each a full pass over its tensor; on a GPU a decode step is short enough that these launches and
 passes show. :class:`Ops` holds the eager functions, ``torch.compile``'d ones (compiled at the
 first call, which the CUDA-graph warm-up makes before any capture; eager if compiling fails), or
-the hand-written Triton kernels of :mod:`evolm.server.triton_ops` (the default on GPUs: on an
+the hand-written Triton kernels of :mod:`evolm.engine.kernels.fused` (the default on GPUs: on an
 H100 the compiled kernels ran at about half of HBM bandwidth, cuDNN's decode attention too).
 """
 
@@ -55,7 +55,7 @@ def default_mode(device: torch.device) -> str:
     if device.type != "cuda":
         return "eager"
     try:
-        import evolm.server.triton_ops  # noqa: F401
+        import evolm.engine.kernels.fused  # noqa: F401
     except ImportError:
         return "eager"
     return "triton"
@@ -65,7 +65,7 @@ class Ops:
     """The elementwise ops (and decode attention) the forward calls.
 
     ``mode``: ``eager`` (plain torch), ``compile`` (torch.compile'd RoPE and SiLU-and-multiply)
-    or ``triton`` (:mod:`evolm.server.triton_ops`, GPU only): there decode attention is a Triton
+    or ``triton`` (:mod:`evolm.engine.kernels.fused`, GPU only): there decode attention is a Triton
     kernel too (``decode_attention`` is None where the forward should use SDPA), so are the
     residual add + RMSNorm (``add_rms_norm``), and the second LoRA products are fused into
     them and into the RoPE and SiLU-and-multiply kernels.
@@ -86,9 +86,9 @@ class Ops:
         if mode == "compile":
             self.rope, self.silu_mul = _Fallback(rope), _Fallback(silu_mul)
         elif mode == "triton":
-            from evolm.server import triton_attention, triton_ops
+            from evolm.engine.kernels import attention, fused
 
-            self.silu_mul, self.qkv_rope = triton_ops.silu_mul, triton_ops.qkv_rope
-            self.add_rms_norm = triton_ops.add_rms_norm
-            self.norm_max_hidden = triton_ops.NORM_MAX_HIDDEN
-            self.decode_attention = triton_attention.decode_attention
+            self.silu_mul, self.qkv_rope = fused.silu_mul, fused.qkv_rope
+            self.add_rms_norm = fused.add_rms_norm
+            self.norm_max_hidden = fused.NORM_MAX_HIDDEN
+            self.decode_attention = attention.decode_attention

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from evolm.server.fastlora import GroupLora, RankActs, project
-from evolm.server.multilora import MultiLoraLinear
+from evolm.engine.fast.lora import GroupLora, RankActs, project
+from evolm.engine.hf.multilora import MultiLoraLinear
 
 
 def base_linear(module: nn.Module) -> nn.Linear:
@@ -67,7 +67,7 @@ def fuse(modules: list[nn.Module], spare: int = 0) -> tuple[Tensor, Tensor | Non
 class Proj:
     """A fused projection over ``modules``: ``weight [out + spare, in]`` (and ``bias``), whose
     first ``out`` rows are the modules' weights (their parameters are views) and whose spare
-    rows hold LoRA first factors (see :mod:`evolm.server.fastlora`)."""
+    rows hold LoRA first factors (see :mod:`evolm.engine.fast.lora`)."""
 
     def __init__(self, modules: list[nn.Module]) -> None:
         self.modules = modules
@@ -85,5 +85,5 @@ class Proj:
         return self.weight[self.out : self.out + rows]
 
     def project(self, x: Tensor, lora: GroupLora | None) -> tuple[Tensor, RankActs | None]:
-        """``(bias + x W^T, u)``: see :func:`evolm.server.fastlora.project`."""
+        """``(bias + x W^T, u)``: see :func:`evolm.engine.fast.lora.project`."""
         return project(x, self.weight, self.bias, self.out, lora)

@@ -4,8 +4,8 @@ Every member's rows go into ONE batched generation (rows grouped by member). Two
 the same function:
 
 - the fast path (default where the architecture is supported: Qwen2 / Llama):
-  :mod:`evolm.server.fastpath` (fused projections, grouped LoRA, static KV cache) driven by
-  :mod:`evolm.server.fastgen` (chunked prefill, CUDA-graph decode steps on GPUs);
+  :mod:`evolm.engine.fast.model` (fused projections, grouped LoRA, static KV cache) driven by
+  :mod:`evolm.engine.fast.runner` (chunked prefill, CUDA-graph decode steps on GPUs);
 - the HF path: the transformers model with every target projection wrapped in
   :class:`MultiLoraLinear`, decoded by :func:`generate_tokens`.
 
@@ -24,17 +24,17 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from evolm.engine.base import chat_prompt
+from evolm.engine.fast.lora import FastLora
+from evolm.engine.fast.model import FastModel
+from evolm.engine.fast.runner import FastGenerator
+from evolm.engine.fast.weights import unsupported_reason
+from evolm.engine.hf.generation import generate_tokens, strip_after_eos
+from evolm.engine.hf.multilora import attach, load_population
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.model import load_causal_lm
-from evolm.server.base import chat_prompt
-from evolm.server.fastgen import FastGenerator
-from evolm.server.fastlora import FastLora
-from evolm.server.fastpath import FastModel
-from evolm.server.fastweights import unsupported_reason
-from evolm.server.generation import generate_tokens, strip_after_eos
-from evolm.server.multilora import attach, load_population
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 log = logging.getLogger(__name__)
 

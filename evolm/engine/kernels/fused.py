@@ -1,13 +1,14 @@
 """Triton kernels for the fast path's memory-bound steps (GPU; importing needs ``triton``).
 
-- decode attention: :mod:`evolm.server.triton_attention`.
+- decode attention: :mod:`evolm.engine.kernels.attention`.
 - :func:`silu_mul`: ``silu(gate) * up`` from the fused gate/up output, one pass.
 - :func:`qkv_rope`: HF's rotary embedding on the q and k heads of the fused qkv output, one
   pass, k and v written into the decode cache.
 - :func:`add_rms_norm`: the residual add of the o / down output and RMSNorm, one kernel.
 
-The LoRA variants add each row's member's delta ``u_j Bt_j`` (see :mod:`evolm.server.fastlora`)
-inside the same pass, so a LoRA layer launches no more kernels than a base one.
+The LoRA variants add each row's member's delta ``u_j Bt_j``
+(:class:`evolm.engine.kernels.LoraOperand`) inside the same pass, so a LoRA layer launches no
+more kernels than a base one.
 
 All compute in float32 and round once. ``TRITON_INTERPRET=1`` runs them on CPU tensors (tests).
 """
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from evolm.server.fastlora import GroupLora, RankActs
+from evolm.engine.kernels import LoraOperand
 
 TUNE: dict[str, dict[str, int]] = {
     # launch settings of the LoRA-fused kernels, from ``python -m evolm.bench.kernels`` on an
@@ -40,22 +41,14 @@ def row_block(rows_per_member: int) -> int:
 
 
 def _lora_args(
-    u: RankActs | None, g: GroupLora | None, like: Tensor
+    lora: LoraOperand | None, like: Tensor
 ) -> tuple[Tensor, Tensor, int, int, int, int, int, tuple[int, ...]]:
-    """Pointers, strides, rank, padded rank and the modules' u offsets of an optional LoRA."""
-    if u is None or g is None:
+    """Pointers, strides, rank and the modules' u offsets of an optional LoRA operand."""
+    if lora is None:
         return like, like, 0, 0, 0, 0, 1, (0, 0, 0)
-    offs = (*(max(o, 0) for o in g.offsets), 0, 0)
-    return (
-        u.u,
-        g.Bt,
-        u.u.stride(0),
-        u.member_stride,
-        g.Bt.stride(0),
-        g.Bt.stride(1),
-        g.rank,
-        offs,
-    )
+    u, bt = lora.u, lora.bt
+    offs = (*(max(o, 0) for o in lora.offsets), 0, 0)
+    return u, bt, u.stride(0), lora.u_member_stride, bt.stride(0), bt.stride(1), bt.shape[1], offs
 
 
 @triton.jit
@@ -103,24 +96,24 @@ def _silu_mul_kernel(
     )
 
 
-def silu_mul(gate_up: Tensor, u: RankActs | None = None, g: GroupLora | None = None) -> Tensor:
+def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     """``silu(gate) * up`` for ``gate_up [T, 2 * inter]`` (rows may be strided); ``[T, inter]``.
 
-    With ``u`` and the group ``g`` each row's LoRA delta ``u_j Bt_j`` is added to gate and up
-    first, in the same pass."""
+    With ``lora`` each row's LoRA delta ``u_j Bt_j`` is added to gate and up first, in the
+    same pass."""
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
-    lora = u is not None and g is not None
-    rpm = rows // g.members if lora else 1  # type: ignore[union-attr]
+    has = lora is not None
+    rpm = rows // lora.bt.shape[0] if lora is not None else 1
     tune = TUNE["silu"]
-    bt_rows = min(tune["rows"], row_block(rpm)) if lora else 16
-    block = tune["elems"] // bt_rows if lora else 8192 // bt_rows
-    up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(u, g, gate_up)
+    bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
+    block = tune["elems"] // bt_rows if lora is not None else 8192 // bt_rows
+    up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
         gate_up, up_, bt, out, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
-        HAS_LORA=lora, R=rank, BT=bt_rows, BLOCK=block, DOT=bool(tune["dot"]) and bt_rows >= 16,
-        C=_dot_cols(rank), PRECISION=_precision(gate_up), num_warps=tune["warps"] if lora else 8,
+        HAS_LORA=has, R=rank, BT=bt_rows, BLOCK=block, DOT=bool(tune["dot"]) and bt_rows >= 16,
+        C=_dot_cols(rank), PRECISION=_precision(gate_up), num_warps=tune["warps"] if has else 8,
     )  # fmt: skip
     return out
 
@@ -190,35 +183,33 @@ def qkv_rope(
     cos: Tensor,
     sin: Tensor,
     rot_heads: int,
-    u: RankActs | None = None,
-    g: GroupLora | None = None,
+    lora: LoraOperand | None = None,
     cache: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``qkv [T, heads, hd]`` (last dim contiguous) with RoPE (``cos``/``sin`` one ``[hd]`` row
     per token) applied to the first ``rot_heads`` heads; a new contiguous ``[T, heads, hd]``.
 
-    With ``u`` and the group ``g`` each row's LoRA delta is added first. With
+    With ``lora`` each row's LoRA delta is added first. With
     ``cache = (k [T, kv_heads, S, hd], v, slot)`` (one token per row) the k heads (after the q
     heads, up to ``rot_heads``) and the v heads (the rest) are also written at ``slot``."""
     n, heads, hd = qkv.shape
     ct, st = cos.reshape(-1, hd), sin.reshape(-1, hd)
     out = torch.empty(n, heads, hd, dtype=qkv.dtype, device=qkv.device)
-    lora = u is not None and g is not None
-    rpm = n // g.members if lora else 1  # type: ignore[union-attr]
+    rpm = n // lora.bt.shape[0] if lora is not None else 1
     tune = TUNE["rope"]
-    bt_rows = min(tune["rows"], row_block(rpm)) if lora else 16
+    bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
     kc, vc, slot = cache if cache is not None else (out[:, :, None], out[:, :, None], out)
     q_heads = rot_heads - (heads - rot_heads)  # as many k heads as v heads
-    up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(u, g, qkv)
+    up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, qkv)
     _qkv_rope_kernel[(triton.cdiv(n, bt_rows), heads)](
         qkv, ct, st, up_, bt, out, kc, vc, slot,
         n, q_heads, rot_heads, qkv.stride(0), qkv.stride(1), ct.stride(0),
         su, su_m, sb_m, sb_c, out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         rpm, offs[0], offs[1], offs[2],
-        HAS_LORA=lora, R=rank, BT=bt_rows, HALF=hd // 2, TO_CACHE=cache is not None,
+        HAS_LORA=lora is not None, R=rank, BT=bt_rows, HALF=hd // 2, TO_CACHE=cache is not None,
         DOT=bool(tune["dot"]) and bt_rows >= 16, C=_dot_cols(rank), PRECISION=_precision(qkv),
-        num_warps=tune["warps"] if lora else 4,
+        num_warps=tune["warps"] if lora is not None else 4,
     )  # fmt: skip
     return out
 
@@ -260,25 +251,23 @@ def add_rms_norm(
     weight: Tensor,
     eps: float,
     y: Tensor | None = None,
-    u: RankActs | None = None,
-    g: GroupLora | None = None,
+    lora: LoraOperand | None = None,
 ) -> Tensor:
     """``x += y + u_m Bt_m`` in place (each present), then ``rmsnorm(x) * weight``: one kernel,
     one program per row (``hidden <= NORM_MAX_HIDDEN``).
 
     ``x [T, hidden]`` contiguous rows; ``y [T, hidden]`` may be a strided view (a GEMM's output
-    columns); ``u``/``g``: the pending LoRA's rank activations and group (single module)."""
+    columns); ``lora``: the pending LoRA (a single module's)."""
     rows, hidden = x.shape
     h = torch.empty_like(x)
-    lora = u is not None and g is not None
-    rpm = rows // g.members if lora else 1  # type: ignore[union-attr]
-    up_, bt, su, su_m, sb_m, sb_c, rank, _ = _lora_args(u, g, x)
+    rpm = rows // lora.bt.shape[0] if lora is not None else 1
+    up_, bt, su, su_m, sb_m, sb_c, rank, _ = _lora_args(lora, x)
     yy = x if y is None else y
     block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(rows,)](
         x, yy, up_, bt, weight, h, hidden,
         x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), rpm, eps,
-        HAS_Y=y is not None, HAS_LORA=lora, R=rank, BLOCK=block,
+        HAS_Y=y is not None, HAS_LORA=lora is not None, R=rank, BLOCK=block,
         num_warps=TUNE["norm"]["warps"] or max(1, min(16, block // 256)),
     )  # fmt: skip
     return h

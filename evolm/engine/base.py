@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from evolm.lora.layout import LoraPopulation
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 
 @runtime_checkable

@@ -1,18 +1,18 @@
 """Grouped multi-LoRA for the fast path: every member's adapters of a FUSED projection at once.
 
-The fast forward (:mod:`evolm.server.fastpath`) runs q/k/v as one matmul and gate/up as one. For
+The fast forward (:mod:`evolm.engine.fast.model`) runs q/k/v as one matmul and gate/up as one. For
 a group of ``k`` adapted modules and M members (rows grouped by member, member-major):
 
 - first factors ``A [M, c, in]``: the k modules' A's side by side (``c >= k * r`` rank
   columns), so ``u = x A_m^T [rows, c]`` is every module's rank-space activation. On GPUs
   ``A`` lives in the spare rows of the projection's own weight buffer
-  (:meth:`evolm.server.fastweights.Proj.reserve`): one GEMM gives the base output AND ``u`` of all
+  (:meth:`evolm.engine.fast.weights.Proj.reserve`): one GEMM gives the base output AND ``u`` of all
   members (the rows use only their member's columns; the rest is a few % of extra FLOPs, cheaper
   than a launch-bound batched matmul per step). On CPUs ``u`` is one ``bmm``.
 - second factors ``Bt [M, r, out]``, compact: module j's ``B_j^T`` (pre-multiplied by
   ``alpha / r``) in its own output columns; its rank-space input is ``u``'s columns
   ``offsets[j] : offsets[j] + r``. The delta ``u_j Bt_j`` is added by the consumer: the RoPE,
-  SiLU-and-multiply and residual-add + RMSNorm kernels of :mod:`evolm.server.triton_ops`, or
+  SiLU-and-multiply and residual-add + RMSNorm kernels of :mod:`evolm.engine.kernels.fused`, or
   :func:`lora_delta` eagerly.
 
 The buffers are static: :meth:`FastLora.load` copies a new population into them in place, so
@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from evolm.engine.kernels import LoraOperand
 from evolm.lora.layout import LoraLayout, LoraPopulation
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -93,6 +94,13 @@ class RankActs:
             return self.u.view(members, rows // members, cols)
         blocks = self.u.reshape(members, rows // members, members, cols)
         return torch.diagonal(blocks, dim1=0, dim2=2).permute(2, 0, 1)
+
+
+def operand(acts: RankActs | None, lora: GroupLora | None) -> LoraOperand | None:
+    """What a fused kernel needs of a group's pending second product (None: no LoRA)."""
+    if acts is None or lora is None:
+        return None
+    return LoraOperand(acts.u, acts.member_stride, lora.Bt, lora.offsets)
 
 
 def project(

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 
 def next_token(

@@ -4,7 +4,7 @@ It follows the HTTP contract of SGLang 0.5.17's dynamic multi-LoRA serving as wr
 ``shared/docs/serving.md``, and generates with evolm's real :class:`LocalEngine` (CPU, fp32) on
 the adapters it loaded from disk (read with :func:`evolm.lora.load_adapter`)::
 
-    python -m evolm.server.sglang_standin --model-path DIR --port P --enable-lora \
+    python -m evolm.testing.sglang_standin --model-path DIR --port P --enable-lora \
         --max-lora-rank R --lora-target-modules q_proj v_proj --max-loras-per-batch K
 
 Emulated: ``GET /health``, ``/health_generate``, ``/model_info``, ``/server_info`` (and the older
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.local import LocalEngine
 from evolm.lora import TARGET_MODULES, LoraLayout, LoraPopulation, LoraSpec, load_adapter
-from evolm.server.local import LocalEngine
-from evolm.task.base import Sampling
+from evolm.sampling import Sampling
 
 log = logging.getLogger("evolm.sglang_standin")
 VERSION = "0.5.17 (evolm stand-in)"

@@ -1,0 +1,30 @@
+"""Triton kernels of the fast path: the only package that needs ``triton``.
+
+The kernels take raw tensors; a fused LoRA's second product comes as a :class:`LoraOperand`
+(defined here, so that callers can build one without importing Triton).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor
+
+
+class LoraOperand(NamedTuple):
+    """The second LoRA product a kernel adds to its input, for every row.
+
+    Row ``i`` of member ``m = i // (rows / M)`` adds, for the group's module ``j``,
+    ``u[i, m * u_member_stride + offsets[j] :][:rank] @ bt[m, :, module j's columns]``.
+
+    - ``u [rows, ...]``: rank-space activations (``u_member_stride`` 0: each row's own
+      ``[rows, c]``; else all members' columns side by side, as the base GEMM writes them);
+    - ``bt [M, rank, out]``: every member's ``B^T`` pre-multiplied by the LoRA scaling;
+    - ``offsets``: each module's first rank column in ``u`` (-1: not adapted, its ``bt``
+      columns are zero).
+    """
+
+    u: Tensor
+    u_member_stride: int
+    bt: Tensor
+    offsets: tuple[int, ...]
