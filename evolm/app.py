@@ -26,6 +26,7 @@ from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
 from evolm.lora import LoraLayout, LoraSpec, uniform_scales, weight_mean_scales
 from evolm.server import pool
+from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,15 @@ class Parts:
 def build_parts(build: Builder, cfg: DictConfig) -> Parts:
     named = {f"callbacks.{k}": build("callbacks", c) for k, c in cfg.callbacks.items()}
     named |= {f"logger.{k}": build("logger", c) for k, c in cfg.logger.items()}
+    task = build("task", cfg.task)
+    if not isinstance(task, Task):
+        raise ConfigError(
+            "task._target_",
+            f"{type(task).__qualname__} is not an evolm.task.Task",
+            "subclass evolm.task.Task (its optional hooks have defaults; docs/tasks.md)",
+        )
     return Parts(
-        task=build("task", cfg.task),
+        task=task,
         model_spec=build("model", cfg.model),
         lora_spec=build("lora", cfg.lora),
         strategy=build("es", cfg.es),

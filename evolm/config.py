@@ -1,55 +1,94 @@
-"""Structured-config schemas, registered in Hydra's ConfigStore.
+"""Structured-config schemas, registered in Hydra's ConfigStore, built lazily.
 
-Each YAML option in ``conf/<group>/`` lists its schema first in its defaults list, so unknown
-keys and wrong types fail when Hydra composes the config, before anything is built. The schemas
-are generated from the constructors' signatures (hydra-zen), so a class and its config cannot
-drift apart: a config node's keys are exactly its ``_target_``'s arguments.
+Each YAML option in ``conf/<group>/`` names its ``_target_`` and lists its schema first in its
+defaults list (``- schema_countdown``), so unknown keys and wrong types fail when Hydra composes
+the config, before anything is built. The schemas are generated from the constructors'
+signatures (hydra-zen), so a class and its config cannot drift apart: a config node's keys are
+exactly its ``_target_``'s arguments.
+
+Generating a schema imports its class, and the engines and tasks import heavy libraries. So the
+schemas are registered as placeholders (:class:`SchemaGroup`) and generated when Hydra first
+opens one: composing a config imports only the classes that config uses. Schemas are not
+choices a user picks, so they are left out of a group's listing (``--help``).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
+from hydra.core.config_store import ConfigNode, ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra_zen import builds
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from evolm.engine.local import LocalEngine
-from evolm.es import ES
-from evolm.lora.spec import LoraSpec
-from evolm.model import HubModel, TinyModel
-from evolm.server.sglang import SGLangEngine
-from evolm.server.vllm import VLLMEngine
-from evolm.task.conciseness import Conciseness
-from evolm.task.countdown import Countdown
-from evolm.task.scorer import Scorer
+from evolm import metrics as M
 
+RUNTIME_ARGS = ("model_path", "layout")  # an engine's arguments known only at run time
 
-def schema(target: type, **kwargs: Any) -> Any:
-    return builds(target, populate_full_signature=True, **kwargs)
-
-
-SCHEMAS: dict[tuple[str, str], Any] = {
-    ("task", "schema_conciseness"): schema(Conciseness),
-    ("task", "schema_countdown"): schema(Countdown),
-    ("task", "schema_scorer"): schema(Scorer),
-    ("model", "schema_tiny"): schema(TinyModel),
-    ("model", "schema_hub"): schema(HubModel),
-    ("lora", "schema_lora"): schema(LoraSpec),
-    ("es", "schema_es"): schema(ES),
-    # Arguments known only at run time are completed by the composition root.
-    ("server", "schema_local"): schema(
-        LocalEngine, zen_partial=True, zen_exclude=("model_path", "layout")
-    ),
-    ("server", "schema_vllm"): schema(
-        VLLMEngine, zen_partial=True, zen_exclude=("model_path", "layout")
-    ),
-    ("server", "schema_sglang"): schema(
-        SGLangEngine, zen_partial=True, zen_exclude=("model_path", "layout")
-    ),
+# group -> schema name -> (target "module:Class", completed at run time by the composition root)
+SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
+    "task": {
+        "schema_conciseness": ("evolm.task.conciseness:Conciseness", False),
+        "schema_countdown": ("evolm.task.countdown:Countdown", False),
+        "schema_scorer": ("evolm.task.scorer:Scorer", False),
+    },
+    "model": {
+        "schema_tiny": ("evolm.model.spec:TinyModel", False),
+        "schema_hub": ("evolm.model.spec:HubModel", False),
+    },
+    "lora": {"schema_lora": ("evolm.lora.spec:LoraSpec", False)},
+    "es": {"schema_es": ("evolm.es.strategy:ES", False)},
+    "server": {
+        "schema_local": ("evolm.engine.local:LocalEngine", True),
+        "schema_vllm": ("evolm.server.vllm:VLLMEngine", True),
+        "schema_sglang": ("evolm.server.sglang:SGLangEngine", True),
+    },
 }
+
+
+def target(path: str) -> type:
+    """The class named by ``module:Class``."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def schema(cls: type, runtime: bool = False) -> Any:
+    """The structured config of ``cls``'s constructor; ``runtime``: a partial whose
+    :data:`RUNTIME_ARGS` the composition root completes."""
+    from hydra_zen import builds
+
+    if runtime:
+        return builds(cls, populate_full_signature=True, zen_partial=True, zen_exclude=RUNTIME_ARGS)
+    return builds(cls, populate_full_signature=True)
+
+
+class SchemaGroup(dict[str, Any]):
+    """One config group's schemas in Hydra's ConfigStore, generated on first use.
+
+    Hydra reads its repository through ``in``, ``[]`` and ``keys()`` (``ConfigStore._open`` and
+    ``list``; hydra-core is pinned). Until Hydra opens an entry it is a placeholder: ``[]``
+    imports the target and stores the generated schema. ``keys()`` hides the schemas, so
+    ``--help`` lists only the options a user chooses from.
+    """
+
+    def __init__(self, group: str, entries: dict[str, tuple[str, bool]]) -> None:
+        super().__init__({f"{name}.yaml": spec for name, spec in entries.items()})
+        self.group = group
+
+    def __getitem__(self, name: str) -> Any:
+        value = super().__getitem__(name)
+        if isinstance(value, tuple):
+            path, runtime = value
+            node = OmegaConf.structured(schema(target(path), runtime))
+            value = ConfigNode(
+                name=name, node=node, group=self.group, package=None, provider="evolm"
+            )
+            super().__setitem__(name, value)
+        return value
+
+    def keys(self) -> Any:  # type: ignore[override]
+        return [k for k in self if not k.startswith("schema_")]
 
 
 @dataclass
@@ -67,7 +106,7 @@ class Config:
     generations: int = 50
     eval_every: int = 10
     output_dir: str = MISSING
-    optimized_metric: str = "eval/reward_mean"
+    optimized_metric: str = M.EVAL_REWARD
     tags: list[str] = field(default_factory=list)
     trusted_targets: list[str] = field(default_factory=lambda: ["evolm.*"])
     resume: str | None = None
@@ -84,8 +123,8 @@ def choice(group: str, *, _root_: DictConfig) -> str:
         if chosen:
             return str(chosen)
     node = _root_.get(group)
-    target = node.get("_target_") if isinstance(node, DictConfig) else None
-    return str(target).rsplit(".", 1)[-1].lower() if target else group
+    node_target = node.get("_target_") if isinstance(node, DictConfig) else None
+    return str(node_target).rsplit(".", 1)[-1].lower() if node_target else group
 
 
 def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
@@ -94,11 +133,13 @@ def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
 
 
 def register() -> None:
-    """Register the schemas and evolm's resolvers (idempotent)."""
+    """Register the root schema, the lazy group schemas and evolm's resolvers (idempotent)."""
     cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
-    for (group, name), node in SCHEMAS.items():
-        cs.store(group=group, name=name, node=node)
+    cs.store(name="config_schema", node=Config, replace=True)
+    for group, entries in SCHEMAS.items():
+        existing = cs.repo.get(group)
+        if not isinstance(existing, SchemaGroup):
+            cs.repo[group] = SchemaGroup(group, entries)
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
 

@@ -7,18 +7,16 @@ Reads no config and writes no files: everything observable goes through callback
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import torch
-
+from evolm import metrics as M
 from evolm.engine.base import Engine
-from evolm.es import ES, ESState
-from evolm.evaluate import evaluate
+from evolm.es import ES, ESState, TellStats
+from evolm.evaluate import Evaluation, evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.task.base import Task
 
@@ -75,15 +73,51 @@ class Callback:
 def latest_eval(history: Sequence[Record]) -> Record:
     """The eval metrics (``eval/*``, ``time/eval_s``) of the last record that has them."""
     for record in reversed(history):
-        found = {k: v for k, v in record.items() if k.startswith("eval/") or k == "time/eval_s"}
+        found = {k: v for k, v in record.items() if M.is_eval(k)}
         if found:
             return found
     return {}
 
 
-def percentile(x: torch.Tensor, q: float) -> float:
-    finite = x[torch.isfinite(x)]
-    return torch.quantile(finite, q).item() if len(finite) else math.nan
+@dataclass(frozen=True)
+class GenerationRecord:
+    """One generation, typed: what ``ES.tell`` reported, the task's scores and the timings.
+
+    :meth:`as_record` flattens it into the record callbacks receive (names: :mod:`evolm.metrics`).
+    """
+
+    generation: int
+    es: TellStats
+    scores: Mapping[str, float]  # mean of every task score over all completions
+    task_stats: Mapping[str, float]  # what the task's after_generation hook returned
+    generate_s: float
+    score_s: float
+    es_s: float
+    generation_s: float
+    engine_timings: Mapping[str, float] = field(default_factory=dict)
+
+    def as_record(self) -> Record:
+        es = self.es
+        return {
+            M.GENERATION: self.generation,
+            M.FITNESS_MEAN: es.fitness_mean,
+            M.FITNESS_STD: es.fitness_std,
+            M.FITNESS_MIN: es.fitness_min,
+            M.FITNESS_MAX: es.fitness_max,
+            M.FITNESS_P20: es.fitness_p20,
+            M.FITNESS_P80: es.fitness_p80,
+            M.FITNESS_NONFINITE: es.fitness_nonfinite,
+            # a member's fitness is its mean reward: train/reward_mean would repeat fitness_mean
+            **{M.train_score(k): v for k, v in self.scores.items() if k != "reward"},
+            **{M.task_stat(k): v for k, v in self.task_stats.items()},
+            M.UPDATE_NORM: es.update_norm,
+            M.MEAN_NORM: es.mean_norm,
+            M.GENERATE_S: self.generate_s,
+            M.SCORE_S: self.score_s,
+            **{M.engine_time(k): v for k, v in self.engine_timings.items()},
+            M.ES_S: self.es_s,
+            M.GENERATION_S: self.generation_s,
+        }
 
 
 @dataclass
@@ -104,8 +138,8 @@ class ESLoop:
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, state.mean)
         ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed)
-        metrics = {f"eval/{k}_mean": v for k, v in ev.metrics.items()}
-        return {**metrics, "time/eval_s": time.perf_counter() - start}
+        metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
+        return {**metrics, M.EVAL_S: time.perf_counter() - start}
 
     def step(self, state: ESState) -> tuple[ESState, Record]:
         """One generation: returns the new state and its record (without eval metrics)."""
@@ -115,30 +149,24 @@ class ESLoop:
         adapters = LoraPopulation(self.layout, tuple(self.strategy.sample(state, pop)))
         sampled = time.perf_counter()
         examples = self.task.train_examples(generation)
-        ev = evaluate(self.engine, self.task, examples, adapters, seed=self.seed + generation)
+        ev: Evaluation = evaluate(
+            self.engine, self.task, examples, adapters, seed=self.seed + generation
+        )
         told = time.perf_counter()
         state, stats = self.strategy.tell(state, pop, ev.fitness)
-        task_stats = (
-            self.task.after_generation(ev) if hasattr(self.task, "after_generation") else {}
+        es_s = (sampled - start) + (time.perf_counter() - told)
+        record = GenerationRecord(
+            generation=generation,
+            es=stats,
+            scores=ev.metrics,
+            task_stats=self.task.after_generation(ev.metrics),
+            generate_s=ev.generate_s,
+            score_s=ev.score_s,
+            es_s=es_s,
+            generation_s=time.perf_counter() - start,
+            engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
         )
-        f = ev.fitness
-        record: Record = {
-            "generation": generation,
-            "train/fitness_mean": f.nanmean().item(),
-            "train/fitness_p20": percentile(f, 0.2),
-            "train/fitness_p80": percentile(f, 0.8),
-            "train/fitness_max": f.nan_to_num(-math.inf).max().item(),
-            **{f"train/{k}_mean": v for k, v in ev.metrics.items()},
-            **{f"train/{k}": v for k, v in task_stats.items()},
-            "es/update_norm": stats["update_norm"],
-            "time/generate_s": ev.generate_s,
-            "time/score_s": ev.score_s,
-            # the engine's own phases (prefill/decode; servers: adapter write/load/unload)
-            **{f"time/engine_{k}": v for k, v in getattr(self.engine, "last_timings", {}).items()},
-            "time/es_s": (sampled - start) + (time.perf_counter() - told),
-        }
-        record["time/generation_s"] = time.perf_counter() - start
-        return state, record
+        return state, record.as_record()
 
     def run(self, state: ESState, ctx: RunContext) -> tuple[ESState, Record]:
         """Run from ``state.generation`` to ``self.generations``; returns the final state and
@@ -160,7 +188,7 @@ class ESLoop:
         last_eval = latest_eval(ctx.history)
         if state.generation == 0:
             last_eval = self.evaluate_mean(state)
-            self._emit(ctx, {"generation": 0, **last_eval}, state)
+            self._emit(ctx, {M.GENERATION: 0, **last_eval}, state)
         while state.generation < self.generations:
             state, record = self.step(state)
             g = state.generation
@@ -168,7 +196,7 @@ class ESLoop:
                 last_eval = self.evaluate_mean(state)
                 record.update(last_eval)
             self._emit(ctx, record, state)
-        return state, {"generation": state.generation, **last_eval}
+        return state, {M.GENERATION: state.generation, **last_eval}
 
     def _emit(self, ctx: RunContext, record: Record, state: ESState) -> None:
         for cb in self.callbacks:

@@ -21,6 +21,7 @@ from evolm.lora import LoraLayout, LoraSpec
 from evolm.lora.layout import LoraPopulation
 from evolm.sampling import Sampling
 from evolm.server import pool
+from evolm.server.remote import RemoteEngine
 from evolm.sweep.callback import check_rank_cover, search_space
 from evolm.sweep.study import resume_seed
 from evolm.tracking.sweep import KEY_TAG
@@ -149,7 +150,10 @@ def test_use_layout_equals_a_fresh_engine(tiny_model_dir: str, fast: bool) -> No
 
 
 class FakeServer:
-    """A persistent server's engine: rank and modules fixed when it started."""
+    """A persistent server's engine: rank and modules fixed when it started (the real
+    clients' ``use_layout`` check, without a server behind it)."""
+
+    use_layout = RemoteEngine.use_layout
 
     def __init__(self, lay: LoraLayout, max_lora_rank: int) -> None:
         self.layout, self.max_lora_rank = lay, max_lora_rank

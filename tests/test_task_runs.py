@@ -38,7 +38,11 @@ def test_countdown_run(tmp_path: Path, tiny_model_dir: str) -> None:
     assert [r["generation"] for r in records] == [0, 1, 2]
     for key in ("reward", "format_reward", "answer_reward", "accuracy"):
         assert f"eval/{key}_mean" in records[0]
-        assert all(f"train/{key}_mean" in r and f"eval/{key}_mean" in r for r in records[1:])
+        assert all(f"eval/{key}_mean" in r for r in records[1:])
+        # the mean reward of a generation is its fitness mean: not logged twice
+        train_key = "train/fitness_mean" if key == "reward" else f"train/{key}_mean"
+        assert all(train_key in r for r in records[1:])
+    assert "train/reward_mean" not in records[1]
     assert 0.0 <= records[-1]["train/accuracy_mean"] <= 1.0
 
 
@@ -54,8 +58,9 @@ def test_scorer_run(tmp_path: Path, tiny_model_dir: str, start_server: StartServ
     )
     assert [r["generation"] for r in records] == [0, 1, 2]
     train = records[1:]
-    for key in ("reward", "scorer_reward", "cost"):
+    for key in ("scorer_reward", "cost"):
         assert all(f"train/{key}_mean" in r and f"eval/{key}_mean" in r for r in train)
+    assert all("train/fitness_mean" in r and "eval/reward_mean" in r for r in train)
     lambdas = [r["train/lambda"] for r in train]
     costs = [r["train/cost_mean"] for r in train]
     expected = 1.0
@@ -85,4 +90,4 @@ def test_own_task_from_docs(tmp_path: Path, tiny_model_dir: str) -> None:
     overrides = [*documented, "generations=1", "es.population_size=4"]
     records = run(tmp_path, *overrides, cwd=tmp_path)
     assert [r["generation"] for r in records] == [0, 1]
-    assert 0.0 <= records[-1]["train/reward_mean"] <= 1.0
+    assert 0.0 <= records[-1]["train/fitness_mean"] <= 1.0

@@ -24,7 +24,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evolm.engine.base import chat_prompt
+from evolm.engine.base import Engine, chat_prompt
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
 from evolm.engine.fast.runner import FastGenerator
@@ -61,7 +61,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """In-process batched multi-LoRA generation.
 
     ``LocalEngine.loads`` counts the models loaded in this process (a sweep should load one).

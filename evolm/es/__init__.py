@@ -2,7 +2,7 @@
 
 from evolm.es.noise import member_noise, mix_seed
 from evolm.es.shaping import SHAPINGS, centered_ranks, zscore
-from evolm.es.state import ESState, Population
+from evolm.es.state import ESState, Population, TellStats
 from evolm.es.strategy import ES
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "SHAPINGS",
     "ESState",
     "Population",
+    "TellStats",
     "centered_ranks",
     "member_noise",
     "mix_seed",

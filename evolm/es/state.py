@@ -58,3 +58,23 @@ class ESState:
     def from_state_dict(cls, d: dict[str, Any]) -> ESState:
         """Inverse of :meth:`state_dict`."""
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class TellStats:
+    """What :meth:`evolm.es.ES.tell` reports of a generation (higher fitness is better).
+
+    The fitness summaries are over the finite fitness values (NaN where there are none);
+    ``fitness_nonfinite`` counts the others. ``update_norm`` is the global L2 norm of the change
+    to the mean, ``mean_norm`` the norm of the new mean.
+    """
+
+    fitness_mean: float
+    fitness_std: float
+    fitness_min: float
+    fitness_max: float
+    fitness_p20: float
+    fitness_p80: float
+    fitness_nonfinite: int
+    update_norm: float
+    mean_norm: float

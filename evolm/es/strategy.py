@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,7 +30,7 @@ from evolm.errors import ConfigError
 from evolm.es.noise import fill_member_noise, mix_seed, new_generator, split_noise
 from evolm.es.optim import OPTIMIZERS, ascend, init_opt_state
 from evolm.es.shaping import SHAPINGS
-from evolm.es.state import ESState, Population
+from evolm.es.state import ESState, Population, TellStats
 
 UPDATES = ("paper", "openai")
 
@@ -200,16 +201,12 @@ class ES:
         one = Population(pop.generation, pop.seeds[i : i + 1], pop.signs[i : i + 1])
         return [x[0] for x in self.sample(state, one, device=device, dtype=dtype)]
 
-    def tell(
-        self, state: ESState, pop: Population, fitness: Tensor
-    ) -> tuple[ESState, dict[str, float]]:
+    def tell(self, state: ESState, pop: Population, fitness: Tensor) -> tuple[ESState, TellStats]:
         """Update the mean from the fitness of ``pop`` (higher is better); returns new state, stats.
 
         The noise is regenerated one distinct seed at a time (one flat draw over all tensors) and
         accumulated into one flat fp32 vector, never held for the whole population: the extra
-        memory is that accumulator and one draw buffer. ``state`` is not modified. Stats:
-        ``update_norm`` (global L2 norm of the change to the mean), ``mean_norm``, and
-        ``fitness_{mean,std,min,max}`` over finite fitness with ``fitness_nonfinite`` (count).
+        memory is that accumulator and one draw buffer. ``state`` is not modified.
         """
         _check_generation(state, pop)
         fitness = torch.as_tensor(fitness).detach().to("cpu", torch.float64).flatten()
@@ -239,9 +236,11 @@ class ES:
             noise_device=state.noise_device,
             opt=opt,
         )
-        stats = _fitness_stats(fitness)
-        stats["update_norm"] = _global_norm(torch._foreach_sub(mean, state.mean))
-        stats["mean_norm"] = _global_norm(mean)
+        stats = TellStats(
+            **_fitness_stats(fitness),
+            update_norm=_global_norm(torch._foreach_sub(mean, state.mean)),
+            mean_norm=_global_norm(mean),
+        )
         return new_state, stats
 
     def _direction(self, state: ESState, weights: dict[int, float]) -> list[Tensor]:
@@ -274,17 +273,21 @@ def _unique_noise(state: ESState, seeds: Sequence[int]) -> Tensor:
     return eps
 
 
-def _fitness_stats(fitness: Tensor) -> dict[str, float]:
+def _fitness_stats(fitness: Tensor) -> dict[str, Any]:
     """Summary of the finite fitness values (NaN where there are none) and the non-finite count."""
     finite = fitness[torch.isfinite(fitness)]
+    nonfinite = fitness.numel() - finite.numel()
     if finite.numel() == 0:
         finite = torch.full((1,), float("nan"), dtype=fitness.dtype)
+    p20, p80 = torch.quantile(finite, torch.tensor([0.2, 0.8], dtype=finite.dtype)).tolist()
     return {
         "fitness_mean": finite.mean().item(),
         "fitness_std": finite.std(unbiased=False).item(),
         "fitness_min": finite.min().item(),
         "fitness_max": finite.max().item(),
-        "fitness_nonfinite": float(torch.isfinite(fitness).logical_not().sum().item()),
+        "fitness_p20": p20,
+        "fitness_p80": p80,
+        "fitness_nonfinite": nonfinite,
     }
 
 

@@ -1,12 +1,15 @@
 """Where the adapters go in a model, and the order of the ES parameter tensors.
 
 The ES mean is a flat list of fp32 tensors: for every target ``k`` (in layout order) first
-``lora_A`` (r x in) then ``lora_B`` (out x r), so tensor ``2k`` is A and ``2k + 1`` is B.
+``lora_A`` (r x in) then ``lora_B`` (out x r), so tensor ``2k`` is A and ``2k + 1`` is B. This
+module is the one place that order is spelled: everything else reads factors through
+:meth:`LoraLayout.pairs` / :meth:`LoraPopulation.factors` and the scaling through
+:attr:`LoraLayout.scaling`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +62,21 @@ class LoraLayout:
             out += [(self.rank, t.in_features), (t.out_features, self.rank)]
         return out
 
+    def pairs(
+        self, tensors: Sequence[torch.Tensor]
+    ) -> Iterator[tuple[LoraTarget, torch.Tensor, torch.Tensor]]:
+        """Each target with its ``(A, B)`` out of ``tensors`` in layout order (one adapter's
+        ``[r, in]``, ``[out, r]``, or stacked members' ``[M, r, in]``, ``[M, out, r]``)."""
+        if len(tensors) != 2 * len(self.targets):
+            raise ValueError(f"{len(tensors)} tensors for {len(self.targets)} targets (A, B each)")
+        for k, target in enumerate(self.targets):
+            yield target, tensors[2 * k], tensors[2 * k + 1]
+
+    @staticmethod
+    def is_b(index: int) -> bool:
+        """Whether ES tensor ``index`` is a second factor ``B`` (else ``A``)."""
+        return index % 2 == 1
+
     def numel(self) -> int:
         return sum(a * b for a, b in self.shapes())
 
@@ -103,7 +121,7 @@ class LoraLayout:
         """The initial ES mean (fp32, CPU), drawn from ``torch.Generator().manual_seed(seed)``."""
         gen = torch.Generator().manual_seed(seed)
         return [
-            spec.init_tensor(shape, is_b=(i % 2 == 1), scale=scales[i], generator=gen)
+            spec.init_tensor(shape, is_b=self.is_b(i), scale=scales[i], generator=gen)
             for i, shape in enumerate(self.shapes())
         ]
 
@@ -120,6 +138,15 @@ class LoraPopulation:
 
     def member(self, i: int) -> list[torch.Tensor]:
         return [t[i] for t in self.tensors]
+
+    @property
+    def scaling(self) -> float:
+        """``alpha / rank``: the factor every delta ``B A`` is multiplied by."""
+        return self.layout.scaling
+
+    def factors(self) -> Iterator[tuple[LoraTarget, torch.Tensor, torch.Tensor]]:
+        """Each target with every member's factors ``A [M, r, in]`` and ``B [M, out, r]``."""
+        return self.layout.pairs(self.tensors)
 
     @classmethod
     def single(cls, layout: LoraLayout, tensors: Sequence[torch.Tensor]) -> LoraPopulation:

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from evolm.engine.base import Engine
-from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
 
 log = logging.getLogger(__name__)
@@ -36,31 +35,6 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def use_layout(engine: Engine, layout: LoraLayout) -> None:
-    """Point a reused engine at ``layout``: the engine's own ``use_layout`` when it has one,
-    else (the remote servers) check the layout fits the running server and swap it in."""
-    method = getattr(engine, "use_layout", None)
-    if callable(method):
-        method(layout)
-        return
-    max_rank = getattr(engine, "max_lora_rank", None)
-    if max_rank is not None and layout.rank > max_rank:
-        raise ConfigError(
-            "server.max_lora_rank",
-            f"the running server was started with --max-lora-rank {max_rank}, below this "
-            f"trial's lora.rank={layout.rank}",
-            "set server.max_lora_rank to the largest lora.rank the sweep searches",
-        )
-    modules = getattr(engine, "lora_target_modules", None)
-    if modules is not None and not set(layout.target_modules) <= set(modules):
-        raise ConfigError(
-            "server.lora_target_modules",
-            f"the running server serves {list(modules)}, not all of {list(layout.target_modules)}",
-            "set server.lora_target_modules to every module the sweep targets",
-        )
-    engine.layout = layout  # type: ignore[attr-defined]
-
-
 class EnginePool:
     """A one-slot cache: the engine for one key, closed when another key is asked for."""
 
@@ -72,7 +46,7 @@ class EnginePool:
 
     def get(self, key: str, layout: LoraLayout, make: Callable[[], Engine]) -> Engine:
         if self.engine is not None and key == self.key:
-            use_layout(self.engine, layout)
+            self.engine.use_layout(layout)
             self.reused += 1
             log.info("reusing the previous trial's engine (no reload), LoRA rank %d", layout.rank)
             return self.engine

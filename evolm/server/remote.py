@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import AutoTokenizer
 
-from evolm.engine.base import chat_prompt
+from evolm.engine.base import Engine, chat_prompt
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.peft_io import save_adapter
@@ -73,7 +73,7 @@ def timed(timings: dict[str, float], key: str) -> Iterator[None]:
         timings[key] += time.perf_counter() - start
 
 
-class RemoteEngine:
+class RemoteEngine(Engine):
     """Base of the vLLM and SGLang engines (:mod:`evolm.server.vllm`, :mod:`evolm.server.sglang`).
 
     Subclasses set ``kind``, validate their own arguments, then call ``__init__`` here, and
@@ -83,6 +83,8 @@ class RemoteEngine:
 
     kind: ClassVar[str] = "remote"
     concurrent_calls: ClassVar[bool] = True  # may the calls of one generation run in parallel
+    max_lora_rank: int  # the server's --max-lora-rank (set by the subclass)
+    lora_target_modules: list[str] | None = None  # the modules it serves (None: all)
 
     def __init__(
         self,
@@ -116,7 +118,7 @@ class RemoteEngine:
         self.run = secrets.token_hex(3)
         self.generation = 0
         self.adapter_dir = adapter_root(self.run)
-        self.last_timings: dict[str, float] = {}
+        self._timings: dict[str, float] = {}
         self.startup_s: float | None = None  # seconds the last launch took to become healthy
         self.pool = ThreadPoolExecutor(max(1, max_workers), thread_name_prefix=f"evolm-{self.kind}")
         self.server = Server(self.kind, request_timeout_s, self.retries, max_workers)
@@ -203,6 +205,30 @@ class RemoteEngine:
         self.server.close(self.keep_alive)
 
     # -- the Engine protocol -------------------------------------------------------------
+    @property
+    def last_timings(self) -> dict[str, float]:
+        return dict(self._timings)
+
+    def use_layout(self, layout: LoraLayout) -> None:
+        """Serve ``layout`` on the running server: its rank and modules must fit the flags the
+        server was started with (fixed for its life)."""
+        if layout.rank > self.max_lora_rank:
+            raise ConfigError(
+                "server.max_lora_rank",
+                f"the running server was started with --max-lora-rank {self.max_lora_rank}, "
+                f"below this trial's lora.rank={layout.rank}",
+                "set server.max_lora_rank to the largest lora.rank the sweep searches",
+            )
+        modules = self.lora_target_modules
+        if modules is not None and not set(layout.target_modules) <= set(modules):
+            raise ConfigError(
+                "server.lora_target_modules",
+                f"the running server serves {list(modules)}, not all of "
+                f"{list(layout.target_modules)}",
+                "set server.lora_target_modules to every module the sweep targets",
+            )
+        self.layout = layout
+
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return chat_prompt(self.tokenizer, messages)
 
@@ -259,7 +285,7 @@ class RemoteEngine:
                 self._unload_all([n for n in names if n is not None and server_up])
             shutil.rmtree(folder, ignore_errors=True)
             t["overhead_s"] = sum(t[k] for k in keys if k != "generate_s")
-            self.last_timings = t
+            self._timings = t
 
     def _write(self, folder: Path, adapters: LoraPopulation, member: int) -> str:
         path = folder / f"m{member:03d}"
@@ -305,7 +331,8 @@ class RemoteEngine:
         """A large random adapter must change greedy outputs; else the server ignores weights."""
         gen = torch.Generator().manual_seed(20240917)
         tensors = [
-            torch.randn(shape, generator=gen) / (math.sqrt(shape[1]) if i % 2 == 0 else 1.0)
+            torch.randn(shape, generator=gen)
+            / (1.0 if self.layout.is_b(i) else math.sqrt(shape[1]))
             for i, shape in enumerate(self.layout.shapes())
         ]
         prompts = ["Hello", "1, 2, 3,", self.format_chat([{"role": "user", "content": "Hi!"}])]

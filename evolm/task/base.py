@@ -38,7 +38,11 @@ Scores = dict[str, list[float]]
 
 @runtime_checkable
 class Task(Protocol):
-    """Anything that yields examples and scores completions is a task."""
+    """What the loop needs of a task. Subclass it: the optional hooks have no-op defaults.
+
+    A task may also carry state that a checkpoint keeps (e.g. an adapted multiplier): define
+    ``state_dict() -> dict`` and ``load_state_dict(state)`` (:class:`evolm.loop.Stateful`).
+    """
 
     sampling: Sampling
 
@@ -54,12 +58,12 @@ class Task(Protocol):
         """Scores for ``completions[i]`` answering ``examples[i]`` (one batch, all members)."""
         ...
 
-
-# Optional task hook, called by the loop after each generation's ``tell`` when a task defines it:
-#     def after_generation(self, evaluation: evolm.evaluate.Evaluation) -> dict[str, float]
-# It may adapt task state (e.g. the scorer task's Lagrange multiplier) from the generation's
-# scores; the returned numbers are logged as ``train/<name>``. Such state is checkpointed when
-# the task also defines ``state_dict() -> dict`` and ``load_state_dict(state)`` (evolm.checkpoint).
+    # -- optional hooks (no-op defaults) ----------------------------------------------------
+    def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:
+        """Called after each generation's ES update with the mean of every score key over all
+        its completions (``{"reward": ..., "cost": ...}``). It may adapt task state (the scorer
+        task's Lagrange multiplier); the numbers returned are logged as ``train/<name>``."""
+        return {}
 
 
 def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib import resources
 
-from evolm.task.base import Example, Sampling, Scores, read_jsonl
+from evolm.task.base import Example, Sampling, Scores, Task, read_jsonl
 
 FIELDS = ("question", "answer")
 
@@ -20,7 +20,7 @@ def bundled(name: str) -> str:
     return str(resources.files("evolm") / "data" / name)
 
 
-class Conciseness:
+class Conciseness(Task):
     """The conciseness task.
 
     Args:

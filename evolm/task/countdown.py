@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.task.base import Example, Sampling, Scores, cycling_window
+from evolm.task.base import Example, Sampling, Scores, Task, cycling_window
 from evolm.task.countdown_data import generate_puzzles, load_countdown_json
 from evolm.task.countdown_reward import countdown_reward, paper_prompt
 
@@ -47,7 +47,7 @@ def _positive(key: str, value: int, fix: str) -> None:
         raise ConfigError(key, f"must be >= 1, got {value}", fix)
 
 
-class Countdown:
+class Countdown(Task):
     """The Countdown task.
 
     Args:

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from evolm.errors import ConfigError
-from evolm.task.base import Example, Sampling, Scores, cycling_window, read_jsonl
-
-if TYPE_CHECKING:
-    from evolm.evaluate import Evaluation
+from evolm.task.base import Example, Sampling, Scores, Task, cycling_window, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +160,7 @@ def _require(ok: bool, key: str, problem: str, fix: str) -> None:
         raise ConfigError(key, problem, fix)
 
 
-class Scorer:
+class Scorer(Task):
     """The scorer task: prompts from a file, rewards and costs from the scorer service.
 
     Args:
@@ -250,13 +247,13 @@ class Scorer:
             "cost": costs,
         }
 
-    def after_generation(self, evaluation: Evaluation) -> dict[str, float]:
+    def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:
         """Adapt lambda from the generation's mean cost (if enabled); logs ``train/lambda``.
 
         The returned lambda is the value after the update, used from the next generation on.
         """
         if self.lambda_adapt:
-            step = self.lambda_lr * (evaluation.metrics["cost"] - self.cost_threshold)
+            step = self.lambda_lr * (scores["cost"] - self.cost_threshold)
             self.log_lambda = min(self.log_lambda + step, math.log(self.lambda_max))
         return {"lambda": self.lambda_}
 

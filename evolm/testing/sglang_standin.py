@@ -117,9 +117,7 @@ class Standin:
             tensors = load_adapter(path, layout)
         except (OSError, ValueError) as e:
             raise BadRequest(f"cannot read adapter {path}: {e}") from None
-        weights = {
-            t.path: (tensors[2 * k], tensors[2 * k + 1]) for k, t in enumerate(layout.targets)
-        }
+        weights = {t.path: (a, b) for t, a, b in layout.pairs(tensors)}
         with self.lock:
             if name in self.adapters:
                 raise BadRequest(f"The LoRA adapter {name!r} is already loaded")

@@ -13,6 +13,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from evolm import metrics as M
 from evolm.es import ESState
 from evolm.loop import Callback, Record, RunContext
 from evolm.lora import save_adapter
@@ -102,17 +103,17 @@ class ProgressBar(Callback):
         self.bar.set_postfix(self.postfix)
 
     def _note(self, record: Record) -> None:
-        if "train/fitness_mean" in record:
-            self.postfix["fitness"] = f"{record['train/fitness_mean']:.4g}"
-            self.postfix["max"] = f"{record['train/fitness_max']:.4g}"
-        if "eval/reward_mean" in record:
-            self.postfix["eval"] = f"{record['eval/reward_mean']:.4g}"
+        if M.FITNESS_MEAN in record:
+            self.postfix["fitness"] = f"{record[M.FITNESS_MEAN]:.4g}"
+            self.postfix["max"] = f"{record[M.FITNESS_MAX]:.4g}"
+        if M.EVAL_REWARD in record:
+            self.postfix["eval"] = f"{record[M.EVAL_REWARD]:.4g}"
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         if self.bar is None:
             return
         self._note(record)
-        if "train/fitness_mean" in record:
+        if M.FITNESS_MEAN in record:
             self.bar.update(1)
         self.bar.set_postfix(self.postfix)
 

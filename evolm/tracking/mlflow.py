@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 import evolm
+from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.es import ESState
 from evolm.loop import Callback, Record, RunContext
@@ -256,7 +257,7 @@ class MLflowLogger(Callback):
         """The last generation the run holds (every record has eval/ or train/fitness_mean)."""
         steps = [
             m.step
-            for key in ("train/fitness_mean", "eval/reward_mean")
+            for key in (M.FITNESS_MEAN, M.EVAL_REWARD)
             for m in self._client().get_metric_history(run_id, key)
         ]
         return max(steps, default=-1)

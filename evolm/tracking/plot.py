@@ -9,27 +9,29 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from evolm import metrics as M
+
 
 def plot_evolution(records: Sequence[dict[str, Any]], path: Path) -> None:
     """Draw the records' curves and replace ``path`` atomically."""
-    train = [r for r in records if "train/fitness_mean" in r]
-    evals = [r for r in records if "eval/reward_mean" in r]
+    train = [r for r in records if M.FITNESS_MEAN in r]
+    evals = [r for r in records if M.EVAL_REWARD in r]
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.add_subplot()
     if train:
-        g = [r["generation"] for r in train]
+        g = [r[M.GENERATION] for r in train]
         ax.fill_between(
             g,
-            [r["train/fitness_p20"] for r in train],
-            [r["train/fitness_p80"] for r in train],
+            [r[M.FITNESS_P20] for r in train],
+            [r[M.FITNESS_P80] for r in train],
             alpha=0.3,
             label="population p20-p80",
         )
-        ax.plot(g, [r["train/fitness_mean"] for r in train], label="population mean")
+        ax.plot(g, [r[M.FITNESS_MEAN] for r in train], label="population mean")
     if evals:
         ax.plot(
-            [r["generation"] for r in evals],
-            [r["eval/reward_mean"] for r in evals],
+            [r[M.GENERATION] for r in evals],
+            [r[M.EVAL_REWARD] for r in evals],
             "o--",
             label="mean adapter, eval",
         )

@@ -205,11 +205,11 @@ class FastLora:
         """Copy ``population`` (M members, any device / dtype) into the buffers, in place."""
         if len(population) != self.members:
             raise ValueError(f"{len(population)} members for buffers of {self.members}")
-        for k, (buf, ranks, cols) in enumerate(self._plan):
-            buf.A[:, ranks].copy_(population.tensors[2 * k], non_blocking=True)
-            buf.Bt[:, :, cols].copy_(population.tensors[2 * k + 1].mT, non_blocking=True)
+        for (buf, ranks, cols), (_, a, b) in zip(self._plan, population.factors(), strict=True):
+            buf.A[:, ranks].copy_(a, non_blocking=True)
+            buf.Bt[:, :, cols].copy_(b.mT, non_blocking=True)
         for buf in self.groups.values():
-            buf.Bt.mul_(self.layout.scaling)
+            buf.Bt.mul_(population.scaling)
 
     def get(self, layer: int, group: str) -> GroupLora | None:
         return self.groups.get((layer, group))

@@ -63,12 +63,12 @@ def load_population(
     dtype: torch.dtype,
 ) -> None:
     """Point every wrapped layer at its slice of the population (None: base model only)."""
-    for k, layer in enumerate(layers):
-        if population is None:
+    if population is None:
+        for layer in layers:
             layer.A = layer.B = None
-        else:
-            layer.A = population.tensors[2 * k].to(device, dtype)
-            layer.B = population.tensors[2 * k + 1].to(device, dtype)
+        return
+    for layer, (_, a, b) in zip(layers, population.factors(), strict=True):
+        layer.A, layer.B = a.to(device, dtype), b.to(device, dtype)
 
 
 @contextmanager
