@@ -21,6 +21,7 @@ import requests
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.base import Engine
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
@@ -58,7 +59,7 @@ def adapter(layout: LoraLayout, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=gen) * 0.3 for shape in layout.shapes()]
 
 
-class Recorder:
+class Recorder(Engine):
     """An Engine that records what the wrapped engine generated."""
 
     def __init__(self, engine: Any) -> None:

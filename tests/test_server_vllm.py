@@ -20,6 +20,7 @@ import requests
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.base import Engine
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
@@ -86,7 +87,7 @@ def population(layout: LoraLayout, members: int) -> LoraPopulation:
     return LoraPopulation(layout, tuple(strategy.sample(state, strategy.ask(state))))
 
 
-class Recorder:
+class Recorder(Engine):
     """An Engine that records what the wrapped engine generated."""
 
     def __init__(self, engine: Any) -> None:
