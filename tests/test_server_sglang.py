@@ -140,7 +140,7 @@ def test_es_generation_equals_local_engine(engine: SGLangEngine, local: LocalEng
     t = engine.last_timings
     assert set(t) >= {"write_s", "load_s", "build_s", "generate_s", "unload_s", "overhead_s"}
     assert requests.get(engine.url + "/v1/models").json()["data"][1:] == [], "all unloaded"
-    assert not any((engine.adapter_dir).glob("g*/m*")), "adapter files removed"
+    assert not any(engine.stage.root.glob("g*/m*")), "adapter files removed"
 
 
 def test_names_are_unique_per_generation(engine: SGLangEngine) -> None:

@@ -71,7 +71,7 @@ def mlflow_runs(tmp: Path) -> tuple[Any, list[Any]]:
 def model_loads(sweep_dir: Path) -> int:
     """``loaded ... on cpu`` lines of the engine in the trials' logs."""
     logs = "".join(p.read_text() for p in sweep_dir.glob("*/*.log"))
-    return len(re.findall(r"evolm\.server\.local\]\[INFO\] - loaded .* on cpu", logs))
+    return len(re.findall(r"evolm\.engine\.local\]\[INFO\] - loaded .* on cpu", logs))
 
 
 @pytest.mark.slow

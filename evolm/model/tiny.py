@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from tokenizers import Tokenizer
@@ -20,13 +20,25 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from evolm.model.pretrain import pretrain
 from evolm.model.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
 
-if TYPE_CHECKING:
-    from evolm.model.spec import TinyModel
-
 logger = logging.getLogger(__name__)
 
 
-def qwen2_config(spec: TinyModel, bos_id: int, eos_id: int, pad_id: int) -> Qwen2Config:
+class TinyArch(Protocol):
+    """What the builder reads of its spec (:class:`evolm.model.spec.TinyModel`, which imports
+    this module only to build, so the dependency runs one way)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    max_position_embeddings: int
+    seed: int
+    warmup_steps: int
+
+
+def qwen2_config(spec: TinyArch, bos_id: int, eos_id: int, pad_id: int) -> Qwen2Config:
     """The model config: Qwen2 architecture, tied embeddings, default RoPE, float32."""
     return Qwen2Config(
         vocab_size=spec.vocab_size,
@@ -54,7 +66,7 @@ def init_model(config: Qwen2Config, seed: int) -> Qwen2ForCausalLM:
     return model.eval()
 
 
-def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyModel) -> None:
+def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyArch) -> None:
     """The deterministic warm-up (see :mod:`evolm.model.pretrain`): one thread, forked RNG, so
     the weights are the same on any machine and the caller's RNG and threads are untouched."""
     threads = torch.get_num_threads()
@@ -67,7 +79,7 @@ def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyMode
         torch.set_num_threads(threads)
 
 
-def build_tiny_model(out_dir: str | Path, spec: TinyModel) -> Path:
+def build_tiny_model(out_dir: str | Path, spec: TinyArch) -> Path:
     """Write config, safetensors weights, generation config and tokenizer files to ``out_dir``."""
     start = time.perf_counter()
     out = Path(out_dir)

@@ -2,11 +2,8 @@
 
 One ``generate`` call (one step of the engine's generation counter):
 
-1. write every member's adapter in PEFT format under ``/dev/shm/evolm-<pid>/`` (tmpfs; a temp
-   directory where there is none),
-2. load them concurrently under names ``{run}-g{gen:04d}-m{member:03d}``, unique per engine
-   (random ``run``) and call: SGLang silently reloads an unloaded name from its old path, so a
-   name is never reused,
+1. write every member's adapter in PEFT format to tmpfs (:mod:`evolm.server.staging`),
+2. load them concurrently under names unique per engine and generation,
 3. send all prompts of all members in batched requests (the subclass shapes them),
 4. unload the adapters and delete their files, also when a step failed.
 
@@ -47,10 +44,9 @@ from transformers import AutoTokenizer
 from evolm.engine.base import Engine, chat_prompt
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
-from evolm.lora.peft_io import save_adapter
 from evolm.sampling import Sampling
 from evolm.server.connection import Server, ServerDown, ServerError, ServerProcess, free_port
-from evolm.server.staging import adapter_root
+from evolm.server.staging import AdapterStage
 
 __all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError"]
 log = logging.getLogger(__name__)
@@ -117,7 +113,7 @@ class RemoteEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.run = secrets.token_hex(3)
         self.generation = 0
-        self.adapter_dir = adapter_root(self.run)
+        self.stage = AdapterStage(self.run, model_path)
         self._timings: dict[str, float] = {}
         self.startup_s: float | None = None  # seconds the last launch took to become healthy
         self.pool = ThreadPoolExecutor(max(1, max_workers), thread_name_prefix=f"evolm-{self.kind}")
@@ -199,9 +195,7 @@ class RemoteEngine(Engine):
         self._closed = True
         atexit.unregister(self.close)
         self.pool.shutdown(wait=False, cancel_futures=True)
-        shutil.rmtree(self.adapter_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the per-process folder, once no engine uses it
-            self.adapter_dir.parent.rmdir()
+        self.stage.close()
         self.server.close(self.keep_alive)
 
     # -- the Engine protocol -------------------------------------------------------------
@@ -258,18 +252,13 @@ class RemoteEngine(Engine):
         self.generation += 1
         keys = ("write_s", "load_s", "build_s", "generate_s", "unload_s")
         t = dict.fromkeys(keys, 0.0)
-        folder = self.adapter_dir / f"g{self.generation:04d}"
         names: list[str | None] = [None]
         server_up = True
         try:
             if adapters is not None:
-                names = [
-                    f"{self.run}-g{self.generation:04d}-m{m:03d}" for m in range(len(adapters))
-                ]
+                names = list(self.stage.names(self.generation, len(adapters)))
                 with timed(t, "write_s"):
-                    paths = self._map(
-                        self._write, [(folder, adapters, m) for m in range(len(adapters))]
-                    )
+                    paths = self.stage.write(self.generation, adapters, self._map)
                 with timed(t, "load_s"):
                     self._map(self.load, list(zip(names, paths, strict=True)))
             with timed(t, "build_s"):
@@ -283,13 +272,9 @@ class RemoteEngine(Engine):
         finally:
             with timed(t, "unload_s"):
                 self._unload_all([n for n in names if n is not None and server_up])
-            shutil.rmtree(folder, ignore_errors=True)
+            self.stage.remove(self.generation)
             t["overhead_s"] = sum(t[k] for k in keys if k != "generate_s")
             self._timings = t
-
-    def _write(self, folder: Path, adapters: LoraPopulation, member: int) -> str:
-        path = folder / f"m{member:03d}"
-        return str(save_adapter(path, self.layout, adapters.member(member), self.model_path))
 
     def _send(self, calls: list[Call]) -> list[Any]:
         post = lambda c: self.server.request("POST", c.path, c.payload).json()  # noqa: E731

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from evolm.sampling import Sampling
 
@@ -46,6 +45,8 @@ def generate_tokens(
     ``input_ids`` are left-padded. The loop stops once every row has finished (checked every
     ``check_every`` steps, to spare a host sync per token on GPUs).
     """
+    from transformers import DynamicCache  # lazily: importing the engine stays cheap
+
     rows = input_ids.shape[0]
     eos = torch.tensor(list(eos_ids), device=input_ids.device)
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
