@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
 from evolm import sweep  # noqa: F401  (registers the sweep's ${evolm_sweep_seed:...} resolver)
-from evolm.errors import ConfigError
+from evolm.errors import ConfigError, RunAborted
 
 log = logging.getLogger("evolm")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -31,6 +31,11 @@ def main(cfg: DictConfig) -> float:
         if in_multirun():
             raise  # a sweep records the trial as failed and goes on (SystemExit would end it)
         raise SystemExit(2) from None
+    except RunAborted as e:
+        log.error("run aborted: %s", e)
+        if in_multirun():
+            raise
+        raise SystemExit(3) from None
 
 
 if __name__ == "__main__":

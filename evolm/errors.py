@@ -19,3 +19,8 @@ class ConfigError(ValueError):
     def in_group(self, group: str) -> ConfigError:
         """The same error with the key qualified by its config group."""
         return ConfigError(f"{group}.{self.key}", self.problem, self.fix)
+
+
+class RunAborted(RuntimeError):
+    """A run stopped on purpose because it cannot go on usefully (e.g. it cannot learn); the
+    message says why and what to change."""

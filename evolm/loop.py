@@ -41,6 +41,8 @@ class RunContext:
     ``history`` holds the records of the generations done before this start (a resumed run's,
     from its checkpoint; empty for a fresh run). ``stateful`` names the task and callbacks whose
     ``state_dict()`` a checkpoint carries (``"task"``, ``"callbacks.<name>"``, ``"logger.<name>"``).
+    ``tags`` are run-level labels that callbacks set (the health monitor's ``evolm.health``) for
+    trackers to record.
     """
 
     output_dir: Path
@@ -50,6 +52,7 @@ class RunContext:
     config: dict[str, Any] = field(default_factory=dict)
     history: list[Record] = field(default_factory=list)
     stateful: dict[str, Stateful] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)  # set by callbacks; trackers copy them
 
 
 class Callback:

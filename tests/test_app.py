@@ -26,6 +26,7 @@ def test_default_demo_learns_within_a_minute(tmp_path: Path) -> None:
     )
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "NOT LEARNING" not in proc.stdout + proc.stderr  # the health monitor stays quiet
     records = read_results(run_dir)
     evals = [(r["generation"], r["eval/reward_mean"]) for r in records if "eval/reward_mean" in r]
     assert [g for g, _ in evals] == [0, 10, 20, 30, 40]

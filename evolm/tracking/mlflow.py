@@ -118,6 +118,7 @@ class MLflowLogger(Callback):
         self.pending: list[Metric] = []
         self.failing = False
         self.sent_through = -1  # records up to this generation are in the MLflow run
+        self.sent_tags: dict[str, str] = {}  # ctx.tags already on the MLflow run
 
     def state_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id or self.resume_run_id}
@@ -148,11 +149,23 @@ class MLflowLogger(Callback):
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         self._queue(record)
         self._flush()
+        self._sync_tags(ctx)
+
+    def _sync_tags(self, ctx: RunContext) -> None:
+        """Copy the run-level tags callbacks set (``ctx.tags``) that MLflow lacks yet."""
+        new = {k: v for k, v in ctx.tags.items() if self.sent_tags.get(k) != v}
+        if self.run_id is None or not new:
+            return
+        client, run_id = self._client(), self.run_id
+        for key, value in new.items():
+            if self._call(f"tag {key}", lambda k=key, v=value: client.set_tag(run_id, k, v) or 1):
+                self.sent_tags[key] = value
 
     def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
         if self.run_id is None:
             return
         self._flush()
+        self._sync_tags(ctx)
         for name in self.artifacts:
             path = Path(ctx.output_dir) / name
             if path.exists() and self._call(f"upload {name}", partial(self._upload, path, name)):
@@ -169,6 +182,7 @@ class MLflowLogger(Callback):
             return
         self.failing = True  # one attempt each: the run is ending
         self._flush()
+        self._sync_tags(ctx)
         self._finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
 
     def _queue(self, record: Record) -> None:

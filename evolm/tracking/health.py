@@ -1,0 +1,96 @@
+"""Runs that cannot learn say so: a callback that watches every generation's record.
+
+An ES run whose members all score the same gets no signal (z-scores and ranks of a constant are
+all zero), so its mean never moves, yet it exits 0. :class:`LearningMonitor` warns, loudly and
+once per condition, when for ``patience`` generations in a row
+
+- every member's fitness is equal (``train/fitness_std`` is 0), or non-finite, or
+- the mean did not move (``es/update_norm`` is 0),
+
+naming the likely causes and the keys to change, tags the run (``ctx.tags``, which the MLflow
+logger copies onto the MLflow run: ``evolm.health``), and with ``abort=true`` ends the run with
+:class:`~evolm.errors.RunAborted`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from evolm import metrics as M
+from evolm.errors import ConfigError, RunAborted
+from evolm.es import ESState
+from evolm.loop import Callback, Record, RunContext
+
+log = logging.getLogger(__name__)
+
+TAG = "evolm.health"
+
+ADVICE = {
+    "members_tie": (
+        "every member scored the same fitness ({fitness}) for {n} generations: ES gets no "
+        "signal and the mean cannot move. Likely causes: the perturbations are too small to "
+        "change the (greedy) outputs (raise es.sigma, or lora.init_scale), or the reward is the "
+        "same for every completion (check that the base model can earn any reward on this task, "
+        "e.g. the answer format; task.max_new_tokens may cut answers off)"
+    ),
+    "no_fitness": (
+        "no member had a finite fitness for {n} generations: the task's rewards are NaN or "
+        "infinite (check task.* and its data, or the scorer service)"
+    ),
+    "mean_static": (
+        "the mean did not move for {n} generations (es/update_norm = 0) although the members' "
+        "fitness differs: es.alpha is too small to change an fp32 mean, or es.optimizer "
+        "settings cancel the step"
+    ),
+}
+
+
+class LearningMonitor(Callback):
+    """Warns (and with ``abort``, stops the run) when a run cannot learn; see the module doc.
+
+    Args:
+        patience: generations in a row a condition must hold before it is reported (>= 1).
+        abort: end the run with RunAborted instead of going on after the warning.
+    """
+
+    def __init__(self, patience: int = 3, abort: bool = False) -> None:
+        if patience < 1:
+            raise ConfigError("patience", f"must be >= 1, got {patience}", "e.g. 3")
+        self.patience, self.abort = patience, abort
+        self.streaks: dict[str, int] = dict.fromkeys(ADVICE, 0)
+        self.reported: set[str] = set()
+
+    def on_run_start(self, ctx: RunContext, state: ESState) -> None:
+        self.streaks = dict.fromkeys(ADVICE, 0)
+        self.reported = set()
+
+    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
+        if M.FITNESS_STD not in record:
+            return  # the start's eval record
+        std, mean = record[M.FITNESS_STD], record[M.FITNESS_MEAN]
+        now = {
+            "no_fitness": not math.isfinite(mean),
+            "members_tie": math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean)),
+            "mean_static": math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] == 0.0,
+        }
+        for condition, holds in now.items():
+            self.streaks[condition] = self.streaks[condition] + 1 if holds else 0
+            if self.streaks[condition] >= self.patience and condition not in self.reported:
+                self._report(ctx, condition, record)
+
+    def _report(self, ctx: RunContext, condition: str, record: Record) -> None:
+        self.reported.add(condition)
+        message = ADVICE[condition].format(
+            fitness=f"{record[M.FITNESS_MEAN]:.6g}", n=self.streaks[condition]
+        )
+        ctx.tags[TAG] = condition
+        if self.abort:
+            raise RunAborted(
+                f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
+                f"{record[M.GENERATION]}"
+            )
+        log.warning(
+            "THIS RUN IS NOT LEARNING: %s. Set callbacks.health.abort=true to stop such runs.",
+            message,
+        )
