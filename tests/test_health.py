@@ -9,8 +9,8 @@ import mlflow
 import pytest
 
 from evolm.errors import RunAborted
-from evolm.lora import LoraLayout
 from evolm.loop import RunContext
+from evolm.lora import LoraLayout
 from evolm.tracking.health import TAG, LearningMonitor
 from tests.helpers import read_results, run_cli
 
