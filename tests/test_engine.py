@@ -107,3 +107,18 @@ def test_bad_device_and_dtype_are_config_errors(tiny_model_dir: str) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"^device: "):
             LocalEngine(tiny_model_dir, layout, device="cuda")
+
+
+def test_generate_rows_equals_the_population_rows(engine: LocalEngine) -> None:
+    """Any shard of (member, prompt) rows, in any order, gets exactly the completions those
+    rows get in the whole population's generation (greedy, CPU)."""
+    from evolm.engine.base import Engine
+
+    pop = population(engine, 3)
+    prompts = [*PROMPTS, "Why?"]
+    sampling = Sampling(max_new_tokens=10)
+    whole = engine.generate(prompts, pop, sampling, seed=0)
+    rows = [(m, p) for m in range(3) for p in range(4)]
+    for shard in (rows[0::2], rows[1::2], rows[5:], [(2, 3), (0, 0), (1, 2)]):
+        got = Engine.generate_rows(engine, prompts, pop, shard, sampling, seed=0)
+        assert got == [whole[m][p] for m, p in shard]

@@ -8,11 +8,15 @@ callers use them without probing.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
+
+Row = tuple[int, int]
+"""One generation row: ``(member, prompt)`` indices into a population and its prompts."""
 
 
 class Engine(Protocol):
@@ -33,6 +37,35 @@ class Engine(Protocol):
     ) -> list[list[str]]: ...
 
     def close(self) -> None: ...
+
+    def generate_rows(
+        self,
+        prompts: Sequence[str],
+        adapters: LoraPopulation | None,
+        rows: Sequence[Row],
+        sampling: Sampling,
+        seed: int,
+    ) -> list[str]:
+        """Completions of the ``(member, prompt)`` pairs ``rows``, in their order: a shard of
+        a population's rows (``adapters=None``: member 0 is the base model).
+
+        This default groups the rows by member and calls :meth:`generate` once per set of
+        members that answer the same prompts (a contiguous or strided shard: one to three
+        calls). Engines that batch rows natively override it.
+        """
+        wanted: dict[int, list[int]] = defaultdict(list)
+        for member, prompt in rows:
+            wanted[member].append(prompt)
+        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for member, chosen in wanted.items():
+            groups[tuple(sorted(set(chosen)))].append(member)
+        done: dict[Row, str] = {}
+        for chosen, members in groups.items():
+            sub = None if adapters is None else adapters.subset(members)
+            out = self.generate([prompts[p] for p in chosen], sub, sampling, seed)
+            for member, texts in zip(members, out, strict=True):
+                done.update({(member, p): text for p, text in zip(chosen, texts, strict=True)})
+        return [done[(m, p)] for m, p in rows]
 
     # -- optional hooks (no-op defaults) ----------------------------------------------------
     @property

@@ -139,6 +139,13 @@ class LoraPopulation:
     def member(self, i: int) -> list[torch.Tensor]:
         return [t[i] for t in self.tensors]
 
+    def subset(self, members: Sequence[int]) -> LoraPopulation:
+        """The population of ``members`` (indices, in that order)."""
+        index = torch.tensor(list(members), dtype=torch.long)
+        return LoraPopulation(
+            self.layout, tuple(t.index_select(0, index.to(t.device)) for t in self.tensors)
+        )
+
     @property
     def scaling(self) -> float:
         """``alpha / rank``: the factor every delta ``B A`` is multiplied by."""
