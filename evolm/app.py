@@ -81,6 +81,22 @@ def check_run_keys(cfg: DictConfig) -> None:
         )
 
 
+def preflight(task: Task) -> None:
+    """The task's check of what it needs outside the process (``Task.preflight``)."""
+    try:
+        task.preflight()
+    except ConfigError as e:
+        raise e.in_group("task") from None
+
+
+def resolve_model(spec: Any) -> str:
+    """The model's path (a hub model must be on disk or downloadable: else a ConfigError)."""
+    try:
+        return str(spec.resolve())
+    except ConfigError as e:
+        raise e.in_group("model") from None
+
+
 def load_layout(model_path: str, spec: LoraSpec) -> LoraLayout:
     try:
         return LoraLayout.from_hf_config(AutoConfig.from_pretrained(model_path), spec)
@@ -213,7 +229,8 @@ def train(cfg: DictConfig) -> float:
     output_dir = Path(cfg.output_dir)
     checkpoint = restore(output_dir, stateful) if resuming else None
 
-    model_path = parts.model_spec.resolve()
+    preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
+    model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
     scales = noise_scales(lora_spec, model_path, layout)
     engine = pool.open_engine(  # a multirun's trials share one engine (evolm.server.pool)
