@@ -8,6 +8,7 @@ rewards are NaN/inf, damaged checkpoints and adapters. The core cases run in CI;
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from tests.helpers import REPO
+from tests.helpers import REPO, read_results, run_cli
 
 # -- shared stores -------------------------------------------------------------------------------
 
@@ -77,3 +78,67 @@ def test_processes_opening_one_fresh_store_lose_no_run_and_share_the_parent(
     for run in children:
         steps = client.get_metric_history(run.info.run_id, "train/fitness_mean")
         assert sorted(m.step for m in steps) == [1, 2] and run.info.status == "FINISHED"
+
+
+# -- NaN/inf rewards -----------------------------------------------------------------------------
+
+POISON_TASK = '''
+import math
+from evolm.task.conciseness import Conciseness
+
+class Poisoned(Conciseness):
+    """Conciseness whose first `bad` members of every population score NaN (even) or inf (odd)."""
+
+    def __init__(self, bad: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.bad = bad
+
+    def score(self, examples, completions):
+        scores = super().score(examples, completions)
+        prompts = len({id(e) for e in examples})
+        members = len(completions) // prompts
+        if members > 1:  # a population, not the mean's eval
+            for i in range(self.bad * prompts):
+                scores["reward"][i] = math.nan if (i // prompts) % 2 == 0 else math.inf
+        return scores
+'''
+
+
+def run_poisoned(tmp_path: Path, bad: int) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "conf" / "task").mkdir(parents=True)
+    (tmp_path / "poisoned.py").write_text(POISON_TASK)
+    yaml = f"_target_: poisoned.Poisoned\nbad: {bad}\nmax_new_tokens: 8\n"
+    (tmp_path / "conf" / "task" / "poisoned.yaml").write_text(yaml)
+    return run_cli(
+        [
+            "--config-dir",
+            "conf",
+            "task=poisoned",
+            "trusted_targets=[evolm.*,poisoned.*]",
+            "generations=2",
+            "eval_every=2",
+            "es.population_size=8",
+            "logger=none",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        timeout=180,
+        cwd=tmp_path,
+    )
+
+
+def test_nan_and_inf_rewards_rank_worst_then_past_the_fraction_abort(tmp_path: Path) -> None:
+    """2 of 8 members NaN/inf: they rank worst, the run goes on; 6 of 8: one message, exit 3."""
+    (tmp_path / "few").mkdir()
+    (tmp_path / "many").mkdir()
+    ok = run_poisoned(tmp_path / "few", 2)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    train = read_results(tmp_path / "few" / "run")[1:]
+    assert [r["train/fitness_nonfinite"] for r in train] == [2, 2]
+    assert all(math.isfinite(r["train/fitness_mean"]) for r in train)
+    assert all(math.isfinite(r["eval/reward_mean"]) for r in train[-1:])
+
+    stopped = run_poisoned(tmp_path / "many", 6)
+    out = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 3, out[-3000:]
+    assert "run aborted: 6 of 8 members (75%) had a NaN or infinite fitness in generation 1" in out
+    assert "callbacks.health.max_nonfinite=0.5" in out and "Traceback" not in out
