@@ -9,12 +9,16 @@ rewards are NaN/inf, damaged checkpoints and adapters. The core cases run in CI;
 from __future__ import annotations
 
 import math
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from mlflow import MlflowClient
 
 from tests.helpers import REPO, read_results, run_cli
@@ -142,3 +146,86 @@ def test_nan_and_inf_rewards_rank_worst_then_past_the_fraction_abort(tmp_path: P
     assert stopped.returncode == 3, out[-3000:]
     assert "run aborted: 6 of 8 members (75%) had a NaN or infinite fitness in generation 1" in out
     assert "callbacks.health.max_nonfinite=0.5" in out and "Traceback" not in out
+
+
+# -- SIGKILL anywhere, then resume ---------------------------------------------------------------
+
+KILL_ARGS = [
+    "generations=6",
+    "eval_every=2",
+    "es.population_size=4",
+    "task.max_new_tokens=8",
+    "callbacks.checkpoint.every=2",
+    "callbacks.checkpoint.keep=2",
+    "callbacks.plot.min_interval_s=0",
+]
+ADAPTER = Path("adapter") / "adapter_model.safetensors"
+# (point, n): SIGKILL the n-th time the run gets there (tests/fault_inject.py), mid-operation.
+CORE_POINTS = [("checkpoint-data", 2), ("adapter-weights", 1)]
+SLOW_POINTS = [
+    ("generate", 5),
+    ("generate", 1),  # before the first checkpoint: the resume starts again at generation 0
+    ("checkpoint-digest", 3),  # the last checkpoint's .pt written, its digest not
+    ("prune", 1),
+    ("adapter-rename", 1),
+    ("results", 4),
+    ("eval", 2),
+    ("mlflow", 3),
+    ("plot", 4),
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Path:
+    run_dir = tmp_path_factory.mktemp("faults") / "uninterrupted"
+    proc = run_cli([*KILL_ARGS, f"hydra.run.dir={run_dir}", "logger=none"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def without_times(run_dir: Path) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_results(run_dir)
+    ]
+
+
+def kill_then_resume(uninterrupted: Path, run_dir: Path, point: str, n: int) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    inject = [sys.executable, "-m", "tests.fault_inject", point, str(n)]
+    killed = subprocess.run(
+        [*inject, *KILL_ARGS, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not (run_dir / ADAPTER).is_file() or point == "adapter-weights"
+    resumed = run_cli([f"resume={run_dir}"], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (run_dir / ADAPTER).read_bytes() == (uninterrupted / ADAPTER).read_bytes()
+    assert without_times(run_dir) == without_times(uninterrupted)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs(
+        [client.get_experiment_by_name("evolm").experiment_id],  # type: ignore[union-attr]
+        filter_string=f"params.output_dir = '{run_dir}' and attributes.status = 'FINISHED'",
+    )
+    [run] = runs
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/fitness_mean")]
+    assert sorted(steps) == list(range(1, 7))
+
+
+@pytest.mark.parametrize(("point", "n"), CORE_POINTS)
+def test_sigkill_then_resume_is_byte_identical(
+    uninterrupted: Path, tmp_path: Path, point: str, n: int
+) -> None:
+    kill_then_resume(uninterrupted, tmp_path / "run", point, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "n"), SLOW_POINTS)
+def test_sigkill_anywhere_then_resume_is_byte_identical(
+    uninterrupted: Path, tmp_path: Path, point: str, n: int
+) -> None:
+    kill_then_resume(uninterrupted, tmp_path / "run", point, n)
