@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
-from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, latest_checkpoint
+from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, check_shapes, latest_checkpoint
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
@@ -232,6 +232,8 @@ def train(cfg: DictConfig) -> float:
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
     model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
+    if checkpoint is not None:
+        check_shapes(checkpoint, layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)
     engine = pool.open_engine(  # a multirun's trials share one engine (evolm.server.pool)
         model_path,

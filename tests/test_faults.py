@@ -8,8 +8,10 @@ rewards are NaN/inf, damaged checkpoints and adapters. The core cases run in CI;
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,8 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from mlflow import MlflowClient
+from safetensors.torch import load_file, save_file
 
+from evolm import export
+from evolm.checkpoint import latest_checkpoint, save_checkpoint
+from evolm.es import ESState
+from evolm.lora import LoraLayout, LoraSpec, load_adapter
+from evolm.lora.peft_io import CONFIG_FILE, WEIGHTS_FILE, AdapterError
 from tests.helpers import REPO, read_results, run_cli
 
 # -- shared stores -------------------------------------------------------------------------------
@@ -229,3 +238,75 @@ def test_sigkill_anywhere_then_resume_is_byte_identical(
     uninterrupted: Path, tmp_path: Path, point: str, n: int
 ) -> None:
     kill_then_resume(uninterrupted, tmp_path / "run", point, n)
+
+
+# -- damaged checkpoints and adapters ------------------------------------------------------------
+
+
+def test_checkpoint_of_another_rank_is_an_error_naming_the_file(
+    uninterrupted: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    newest = latest_checkpoint(run_dir / "checkpoints")
+    assert newest is not None
+    wrong = ESState(mean=[torch.zeros(3, 5)], seed=0, generation=newest.generation)
+    save_checkpoint(run_dir / "checkpoints", wrong, newest.records, newest.state)
+    proc = run_cli([f"resume={run_dir}"], timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert f"resume: {newest.path} holds 1 LoRA tensors of shapes [(3, 5)]" in out
+    assert "Traceback" not in out
+
+
+def damaged_copies(adapter: Path, tmp_path: Path) -> dict[str, Path]:
+    """Copies of a good adapter, each damaged one way; name -> directory."""
+    out = {}
+    for name in ("truncated", "corrupt-config", "no-weights", "other-rank"):
+        out[name] = tmp_path / name / "adapter"
+        shutil.copytree(adapter, out[name])
+    weights = out["truncated"] / WEIGHTS_FILE
+    weights.write_bytes(weights.read_bytes()[:1000])
+    config = out["corrupt-config"] / CONFIG_FILE
+    config.write_text(config.read_text()[:20])
+    (out["no-weights"] / WEIGHTS_FILE).unlink()
+    other = json.loads((out["other-rank"] / CONFIG_FILE).read_text())
+    (out["other-rank"] / CONFIG_FILE).write_text(json.dumps({**other, "r": other["r"] + 1}))
+    return out
+
+
+def test_damaged_adapters_are_errors_naming_the_file(
+    uninterrupted: Path, tmp_path: Path, tiny_model_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from transformers import AutoConfig
+
+    config = json.loads((uninterrupted / "adapter" / CONFIG_FILE).read_text())
+    layout = LoraLayout.from_hf_config(
+        AutoConfig.from_pretrained(tiny_model_dir), LoraSpec(rank=config["r"])
+    )
+    load_adapter(uninterrupted / "adapter", layout)  # the good one loads
+    expected = {
+        "truncated": f"{WEIGHTS_FILE} cannot be read (truncated or corrupt)",
+        "corrupt-config": f"{CONFIG_FILE} is not valid JSON (truncated or corrupt)",
+        "no-weights": f"{WEIGHTS_FILE} does not exist",
+        "other-rank": f"{CONFIG_FILE}: r={config['r'] + 1}, lora_alpha",
+    }
+    for name, adapter in damaged_copies(uninterrupted / "adapter", tmp_path).items():
+        with pytest.raises(AdapterError) as info:
+            load_adapter(adapter, layout)
+        assert str(adapter) in str(info.value) and expected[name] in str(info.value), name
+        if name != "other-rank":  # export checks the files before it loads the base model
+            caplog.clear()
+            assert export.main([str(adapter.parent)]) == 2
+            assert str(adapter) in caplog.text and expected[name] in caplog.text
+    # weights of another rank under a config that claims this one
+    swapped = tmp_path / "swapped" / "adapter"
+    shutil.copytree(uninterrupted / "adapter", swapped)
+    state = {
+        k: torch.zeros(v.shape[0] + 1, v.shape[1])
+        for k, v in load_file(str(swapped / WEIGHTS_FILE)).items()
+    }
+    save_file(state, str(swapped / WEIGHTS_FILE))
+    with pytest.raises(AdapterError, match=r"has shape .* \(another rank or model\?\)") as info:
+        load_adapter(swapped, layout)
+    assert str(swapped / WEIGHTS_FILE) in str(info.value)
