@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from evolm.checkpoint import latest_checkpoint, save_checkpoint
 from evolm.es import ESState
 from evolm.lora import LoraLayout, LoraSpec, load_adapter
 from evolm.lora.peft_io import CONFIG_FILE, WEIGHTS_FILE, AdapterError
+from tests.conftest import free_port, wait_healthy
 from tests.helpers import REPO, read_results, run_cli
 
 # -- shared stores -------------------------------------------------------------------------------
@@ -310,3 +312,103 @@ def test_damaged_adapters_are_errors_naming_the_file(
     with pytest.raises(AdapterError, match=r"has shape .* \(another rank or model\?\)") as info:
         load_adapter(swapped, layout)
     assert str(swapped / WEIGHTS_FILE) in str(info.value)
+
+
+# -- the scorer dies mid-run ---------------------------------------------------------------------
+
+SCORER_ARGS = [
+    "task=scorer",
+    "generations=8",
+    "eval_every=4",
+    "es.population_size=4",
+    "task.max_new_tokens=8",
+    "task.samples_per_generation=4",
+    "logger=none",
+]
+
+
+class ScorerProcess:
+    """``python -m evolm.task.scorer_server`` on a fixed port, killed and restarted at will."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port, self.tmp_path = free_port(), tmp_path
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = self.tmp_path / f"scorer-{time.monotonic_ns()}.log"
+        cmd = [sys.executable, "-m", "evolm.task.scorer_server", "--host", "127.0.0.1"]
+        with open(log, "w") as f:
+            self.proc = subprocess.Popen(
+                [*cmd, "--port", str(self.port)], stdout=f, stderr=subprocess.STDOUT, cwd=REPO
+            )
+        wait_healthy(self.url, self.proc, log)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def scorer(tmp_path: Path) -> Iterator[ScorerProcess]:
+    server = ScorerProcess(tmp_path)
+    server.start()
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        server.kill()
+
+
+def start_run(run_dir: Path, url: str, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "evolm", *SCORER_ARGS, f"task.url={url}", *args]
+    return subprocess.Popen(
+        [*cmd, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def kill_scorer_after(run_dir: Path, scorer: ScorerProcess, proc: subprocess.Popen, g: int) -> None:
+    """SIGKILL the scorer once the run has finished generation ``g`` (it is scoring the next)."""
+    results = run_dir / "results.jsonl"
+    deadline = time.monotonic() + 240
+    while not (results.is_file() and len(results.read_text().splitlines()) > g):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not get there"
+        time.sleep(0.01)
+    scorer.kill()
+
+
+def test_scorer_killed_mid_run_is_retried_and_nothing_is_lost(
+    scorer: ScorerProcess, tmp_path: Path, tiny_model_dir: str
+) -> None:
+    """Killed after generation 2 and back 1.5 s later: the requests are retried (backoff), the
+    run ends exactly as an undisturbed one."""
+    baseline = start_run(tmp_path / "baseline", scorer.url)
+    assert baseline.wait(timeout=300) == 0, baseline.stdout.read()[-3000:]  # type: ignore[union-attr]
+    run_dir = tmp_path / "disturbed"
+    proc = start_run(run_dir, scorer.url, "task.retries=6", "task.backoff_s=0.5")
+    kill_scorer_after(run_dir, scorer, proc, 2)
+    time.sleep(1.5)
+    scorer.start()
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert "failed (attempt 1)" in out and "retrying" in out
+    assert without_times(run_dir) == without_times(tmp_path / "baseline")
+
+
+def test_scorer_that_stays_down_is_one_error_after_bounded_retries(
+    scorer: ScorerProcess, tmp_path: Path, tiny_model_dir: str
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_run(run_dir, scorer.url, "task.retries=2", "task.backoff_s=0.1")
+    kill_scorer_after(run_dir, scorer, proc, 1)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 4, out[-3000:]
+    assert f"run failed: scorer service at task.url={scorer.url} gave no usable answer" in out
+    assert "after 3 attempt(s)" in out and "Traceback" not in out
+    assert f"python -m evolm resume={run_dir}" in out
+    assert (run_dir / "config.yaml").is_file()  # a started run keeps its directory
