@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import torch
 from mlflow import MlflowClient
+from optuna.trial import TrialState
 from safetensors.torch import load_file, save_file
 
 from evolm import export
@@ -31,6 +33,7 @@ from evolm.checkpoint import latest_checkpoint, save_checkpoint
 from evolm.es import ESState
 from evolm.lora import LoraLayout, LoraSpec, load_adapter
 from evolm.lora.peft_io import CONFIG_FILE, WEIGHTS_FILE, AdapterError
+from evolm.tracking.sweep import KEY_TAG
 from tests.conftest import free_port, wait_healthy
 from tests.helpers import REPO, read_results, run_cli
 
@@ -412,3 +415,44 @@ def test_scorer_that_stays_down_is_one_error_after_bounded_retries(
     assert "after 3 attempt(s)" in out and "Traceback" not in out
     assert f"python -m evolm resume={run_dir}" in out
     assert (run_dir / "config.yaml").is_file()  # a started run keeps its directory
+
+
+# -- parallel sweep workers on one fresh study ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sweep_workers_started_at_once_lose_no_trial_and_share_one_parent(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
+    """launchers/sweep_workers.sh, both workers at the same moment on fresh stores (before: both
+    created the MLflow tables at once and one worker's trials had no parent run)."""
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "STAGGER_S": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TQDM_DISABLE": "1",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+    }
+    budget = ["generations=1", "es.population_size=4", "task.max_new_tokens=8", "eval_every=1"]
+    proc = subprocess.run(
+        ["bash", str(REPO / "launchers" / "sweep_workers.sh"), "2", "2", *budget],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    logs = "".join(p.read_text() for p in tmp_path.glob("outputs/multiruns/*/*/worker*.out"))
+    assert proc.returncode == 0, proc.stderr[-2000:] + logs[-3000:]
+    [study] = optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/outputs/optuna.db")
+    trials = optuna.load_study(
+        study_name=study.study_name, storage=f"sqlite:///{tmp_path}/outputs/optuna.db"
+    ).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("evolm").experiment_id])  # type: ignore[union-attr]
+    [parent] = [r for r in runs if KEY_TAG in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 4 and len(runs) == 5, "every trial a child of the one parent"
