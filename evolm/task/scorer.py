@@ -174,8 +174,8 @@ class Scorer(Task):
     """The scorer task: prompts from a file, rewards and costs from the scorer service.
 
     Args:
-        url: the scorer service (``python -m evolm.task.scorer_server``). Not contacted until
-            the first completions are scored; its health is checked then.
+        url: the scorer service (``python -m evolm.task.scorer_server``). Not contacted by the
+            constructor; :meth:`preflight` checks its health before any model loads.
         prompts_file: JSON lines with a field ``prompt``; ``None``: evolm's bundled prompts.
         train_size: the first ``train_size`` prompts are the training split, the rest eval.
         samples_per_generation: training prompts per generation, in cycling windows.
