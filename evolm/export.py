@@ -109,7 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     adapter = args.run_dir.resolve() / "adapter"
-    config = json.loads((adapter / "adapter_config.json").read_text())
+    from evolm.lora.peft_io import AdapterError, read_adapter_config, read_adapter_weights
+
+    try:  # a damaged adapter: one message naming the file, before the base model loads
+        config = read_adapter_config(adapter)
+        read_adapter_weights(adapter)
+    except AdapterError as e:
+        log.error("%s", e)
+        return 2
     base = args.base or config["base_model_name_or_path"]
     out = (args.out or args.run_dir / "merged").resolve()
     log.info("merging %s into %s", adapter, base)
