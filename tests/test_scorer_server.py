@@ -21,7 +21,9 @@ OK_BODY = json.dumps({"prompts": ["p"], "completions": ["a b a"]}).encode()
 @pytest.fixture
 def server() -> Iterator[ScorerHTTPServer]:
     """The service in this process (so its threads can be counted), on a free port."""
-    srv = ScorerHTTPServer(("127.0.0.1", 0), limits=Limits(channel_timeout_s=2, max_body_bytes=4096))
+    srv = ScorerHTTPServer(
+        ("127.0.0.1", 0), limits=Limits(channel_timeout_s=2, max_body_bytes=4096)
+    )
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -63,7 +65,18 @@ def test_binds_localhost_by_default() -> None:
         (b'{"prompts": ["a", "b"], "completions": ["a"]}', 400, "2 prompts but 1"),
         (b"x" * 5000, 413, "exceeds"),
     ],
-    ids=["text", "bytes", "deep-oversized", "deep-array", "array", "str", "int", "null", "lengths", "big"],
+    ids=[
+        "text",
+        "bytes",
+        "deep-oversized",
+        "deep-array",
+        "array",
+        "str",
+        "int",
+        "null",
+        "lengths",
+        "big",
+    ],
 )
 def test_bad_bodies_get_4xx(server: ScorerHTTPServer, body: bytes, status: int, error: str) -> None:
     got, answer = post(server, body)
