@@ -29,7 +29,8 @@ def main() -> Any:
         whitelist = hydra_whitelist(sys.argv[1:])
         precheck(sys.argv[1:], whitelist)
     except ConfigError as e:
-        sys.exit(f"bad configuration: {e}")
+        sys.stderr.write(f"bad configuration: {e}\n")  # before Hydra sets up logging
+        raise SystemExit(2) from None
     return hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=whitelist)(
         job
     )()
