@@ -13,7 +13,9 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -21,12 +23,10 @@ from omegaconf import DictConfig
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
 from evolm import sweep  # noqa: F401  (registers the sweep's ${evolm_sweep_seed:...} resolver)
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
+from evolm.trust import hydra_whitelist, precheck
 
 log = logging.getLogger("evolm")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-# What Hydra itself instantiates from evolm's configs (``hydra.callbacks``): trusted by the app,
-# so Hydra needs no legacy, warn-and-allow path for it. Run-time targets: ``trusted_targets``.
-HYDRA_TRUSTED = ["evolm.sweep.callback.SweepCallback"]
 EXIT = {ConfigError: 2, RunAborted: 3, ServiceUnavailable: 4}
 WHAT = {
     ConfigError: "bad configuration",
@@ -35,8 +35,21 @@ WHAT = {
 }
 
 
-@hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=HYDRA_TRUSTED)
-def main(cfg: DictConfig) -> float:
+def main() -> Any:
+    """The CLI. Hydra instantiates only targets of the trust list (:mod:`evolm.trust`): its
+    callbacks, sweeper sampler and logging factories included."""
+    try:
+        whitelist = hydra_whitelist(sys.argv[1:])
+        precheck(sys.argv[1:], whitelist)
+    except ConfigError as e:
+        sys.stderr.write(f"bad configuration: {e}\n")  # before Hydra sets up logging
+        raise SystemExit(2) from None
+    return hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=whitelist)(
+        job
+    )()
+
+
+def job(cfg: DictConfig) -> float:
     from evolm.app import train
     from evolm.server.pool import in_multirun
 

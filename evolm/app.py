@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
+from evolm import limits, trust
 from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, check_shapes, latest_checkpoint
+from evolm.config import Config
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
@@ -46,16 +49,21 @@ class Builder:
             return hydra.utils.instantiate(node, _execution_whitelist_=list(self.trusted), **kwargs)
         except ConfigError as e:
             raise e.in_group(group) from None
+        except TypeError as e:  # `+es.sigm=0.1`: an argument the constructor does not take
+            if not re.search(r"unexpected keyword argument|missing \d+ required", str(e)):
+                raise
+            raise self._explain(group, node, hydra.errors.InstantiationException(e)) from None
         except hydra.errors.InstantiationException as e:
             raise self._explain(group, node, e) from None
 
     def _explain(self, group: str, node: Any, e: Exception) -> Exception:
-        cause = e.__cause__
+        cause = e.__cause__ or (e.args[0] if e.args else None)
         if isinstance(cause, ConfigError):
             return cause.in_group(group)
         if isinstance(cause, TypeError) and "argument" in str(cause):
+            named = re.search(r"argument '(\w+)'", str(cause))
             return ConfigError(
-                group,
+                f"{group}.{named.group(1)}" if named else group,
                 str(cause),
                 f"check {group}'s keys: `python -m evolm --cfg job --package {group}` shows them",
             )
@@ -114,9 +122,11 @@ def noise_scales(spec: LoraSpec, model_path: str, layout: LoraLayout) -> list[fl
     return weight_mean_scales(model_path, layout)
 
 
-def resumed_config(cfg: DictConfig) -> DictConfig:
+def resumed_config(cfg: DictConfig, trusted: tuple[str, ...] = trust.DEFAULT) -> DictConfig:
     """The resolved ``config.yaml`` of the run ``cfg.resume``, which continues exactly as it was
-    configured: other command-line overrides are rejected (they would change the run)."""
+    configured: other command-line overrides (but ``trusted_targets``) are rejected (they would
+    change the run). The file is data: its ``_target_`` s must be in ``trusted`` (the command
+    line's trust list, not the file's)."""
     run_dir = Path(cfg.resume).expanduser()
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -126,16 +136,39 @@ def resumed_config(cfg: DictConfig) -> DictConfig:
             "point resume at a run directory, e.g. resume=outputs/runs/2026-11-21/07-15-13",
         )
     task_overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    others = [o for o in task_overrides if o.lstrip("+~").split("=", 1)[0] != "resume"]
+    keep = ("resume", trust.KEY)
+    others = [o for o in task_overrides if o.lstrip("+~").split("=", 1)[0] not in keep]
     if others:
         raise ConfigError(
             "resume",
             f"{others} would change the run being resumed (it continues as {path} says)",
             f"drop them: python -m evolm resume={cfg.resume}, or start a new run with them",
         )
-    resumed = OmegaConf.load(path)
+    resumed = load_run_config(path)
     resumed.output_dir = str(run_dir.resolve())  # the run continues where it is now
-    return resumed  # type: ignore[return-value]
+    resumed.trusted_targets = list(trusted)
+    trust.check_config_targets(resumed, trusted, str(path))
+    return resumed
+
+
+def load_run_config(path: Path) -> DictConfig:
+    """A run's ``config.yaml``, checked against the root schema, or ConfigError naming it."""
+    fix = "resume a run directory written by evolm, or restore its config.yaml from a copy"
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:  # YAML syntax, bad encoding
+        problem = f"{path} is not valid YAML ({str(e).splitlines()[0]})"
+        raise ConfigError("resume", problem, fix) from None
+    groups = ("task", "model", "lora", "es", "server")
+    missing = [g for g in groups if isinstance(loaded, DictConfig) and g not in loaded]
+    if not isinstance(loaded, DictConfig) or missing:
+        what = f"lacks {missing}" if isinstance(loaded, DictConfig) else "is empty or not a map"
+        raise ConfigError("resume", f"{path} {what}: it is not an evolm run config", fix)
+    try:
+        OmegaConf.merge(OmegaConf.structured(Config), loaded)
+    except Exception as e:  # unknown root key, wrong type
+        raise ConfigError("resume", f"{path}: {str(e).splitlines()[0]}", fix) from None
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -219,10 +252,14 @@ def train(cfg: DictConfig) -> float:
     """Run one ES fine-tuning job described by ``cfg``, or continue the run ``cfg.resume``
     from its latest valid checkpoint; returns ``cfg.optimized_metric``."""
     resuming = cfg.resume is not None
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    trusted = trust.job_trusted(cfg, overrides)
     if resuming:
-        cfg = resumed_config(cfg)
+        cfg = resumed_config(cfg, trusted)
+    else:
+        trust.check_config_targets(cfg, trusted, "the config files and command line")
     check_run_keys(cfg)
-    build = Builder(tuple(cfg.trusted_targets))
+    build = Builder(trusted)
     parts = build_parts(build, cfg)
     lora_spec, strategy, make_engine = parts.lora_spec, parts.strategy, parts.make_engine
     stateful = parts.stateful
@@ -232,6 +269,7 @@ def train(cfg: DictConfig) -> float:
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
     model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
+    limits.check_population_memory(layout.numel(), strategy.population_size)
     if checkpoint is not None:
         check_shapes(checkpoint, layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)

@@ -15,7 +15,9 @@ choices a user picks, so they are left out of a group's listing (``--help``).
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigNode, ConfigStore
@@ -132,6 +134,31 @@ def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
     return then if _root_.get("resume") else otherwise
 
 
+_CLAIMED: dict[str, str] = {}
+
+
+def run_dir(resume: Any, fresh: str) -> str:
+    """``${evolm.run_dir:${resume},outputs/runs/DATE/TIME}``: the run's directory.
+
+    A resumed run's own; else ``fresh``, claimed with an atomic ``mkdir`` (``fresh``,
+    ``fresh-1``, ``fresh-2``...), so two runs started in the same second never share a directory
+    (and so never interleave their results.jsonl). Claimed once per process.
+    """
+    if resume:
+        return str(resume)
+    if fresh not in _CLAIMED:
+        Path(fresh).parent.mkdir(parents=True, exist_ok=True)
+        for n in range(10_000):
+            candidate = fresh if n == 0 else f"{fresh}-{n}"
+            try:
+                os.mkdir(candidate)
+            except FileExistsError:
+                continue
+            _CLAIMED[fresh] = candidate
+            break
+    return _CLAIMED[fresh]
+
+
 def register() -> None:
     """Register the root schema, the lazy group schemas and evolm's resolvers (idempotent)."""
     cs = ConfigStore.instance()
@@ -142,6 +169,7 @@ def register() -> None:
             cs.repo[group] = SchemaGroup(group, entries)
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
+    OmegaConf.register_resolver("evolm.run_dir", run_dir, replace=True)
 
 
 register()

@@ -7,6 +7,7 @@ Reads no config and writes no files: everything observable goes through callback
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from evolm import metrics as M
 from evolm.engine.base import Engine
+from evolm.errors import RunAborted
 from evolm.es import ES, ESState, TellStats
 from evolm.evaluate import Evaluation, evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation
@@ -123,6 +125,18 @@ class GenerationRecord:
         }
 
 
+def check_finite_mean(mean_norm: float, generation: int, strategy: ES) -> None:
+    """Stop the run (before the generation is logged or checkpointed) once the ES mean holds a
+    NaN or an infinity: every later generation, checkpoint and adapter would be garbage."""
+    if not math.isfinite(mean_norm):
+        raise RunAborted(
+            f"the ES mean became non-finite (norm {mean_norm}) in generation {generation}: the "
+            f"update diverged (es.alpha={strategy.alpha}, es.sigma={strategy.sigma}). Fix: lower "
+            "es.alpha or es.sigma, or use es.shaping=centered_ranks; nothing of this generation "
+            "was saved (the last checkpoint is the last finite mean)"
+        )
+
+
 @dataclass
 class ESLoop:
     """Runs ``generations`` ES updates from ``state``; evaluates the mean on the eval split at
@@ -157,6 +171,7 @@ class ESLoop:
         )
         told = time.perf_counter()
         state, stats = self.strategy.tell(state, pop, ev.fitness)
+        check_finite_mean(stats.mean_norm, generation, self.strategy)
         es_s = (sampled - start) + (time.perf_counter() - told)
         record = GenerationRecord(
             generation=generation,

@@ -80,7 +80,7 @@ def test_bad_input_fails_before_the_model_loads(overrides: str, key: str, tmp_pa
 
 def test_untrusted_target_names_trusted_targets(tmp_path: Path) -> None:
     cfg = compose_config([f"output_dir={tmp_path}", "+callbacks.evil._target_=os.system"])
-    with pytest.raises(ConfigError, match=r"callbacks._target_: 'os.system' is not trusted"):
+    with pytest.raises(ConfigError, match=r"callbacks.evil._target_: 'os.system' .*not trusted"):
         train(cfg)
 
 

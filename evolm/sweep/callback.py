@@ -3,10 +3,13 @@
 Runs in the sweeping process, around the trials:
 
 - start: checks the search space against the server (a persistent server's
-  ``max_lora_rank`` must cover every rank searched: else the sweep ends before any trial),
+  ``max_lora_rank`` must cover every rank searched: else the sweep ends before any trial) and
+  the study's sqlite file, marks FAIL the RUNNING trials of dead processes
+  (:mod:`evolm.sweep.stale`),
   creates the folders of sqlite URLs, opens the study's MLflow parent run
   (:mod:`evolm.tracking.sweep`) and exports its id and store to the trials' MLflow logger
   (``MLFLOW_PARENT_RUN_ID``, ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``);
+- before each trial: records its owner process on the trial;
 - after each trial: the best trial so far onto the parent;
 - end: the final best from the study, and how many engines the sweep started (one, unless the
   ``server`` node changed between trials).
@@ -30,6 +33,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from evolm.errors import ConfigError
+from evolm.sweep import stale
 from evolm.sweep.study import Finished, study_counts, summarize
 
 log = logging.getLogger(__name__)
@@ -112,6 +116,7 @@ class SweepCallback(Callback):
         self.space = search_space(config)
         try:  # Hydra turns a callback's exception into a warning: end the sweep here
             check_rank_cover(config, self.space)
+            stale.check_storage(sweeper.get("storage"))
             if self.tracking_uri is not None and sweeper.get("study_name") is None:
                 raise ConfigError(
                     "hydra.sweeper.study_name",
@@ -122,6 +127,7 @@ class SweepCallback(Callback):
             log.error("bad configuration: %s", e)
             raise SystemExit(2) from None
         ensure_sqlite_dir(sweeper.get("storage"))
+        stale.fail_stale_trials(sweeper)
         if self.tracking_uri is None:
             return
         from evolm.tracking.sweep import PARENT_ENV, SweepRun
@@ -147,6 +153,14 @@ class SweepCallback(Callback):
         }
         sweeps = {k: v for k, v in self.space.items() if _is_sweep(v)}
         self.parent.record_search(sweeps, settings)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Record this process as the owner of the trial (evolm.sweep.stale)."""
+        try:
+            overrides = config.hydra.overrides.task
+            stale.claim_trial(config.hydra.sweeper, self._params(overrides))
+        except Exception as e:  # best effort: never ends a sweep
+            log.debug("could not record the trial's owner: %s", e)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         value = None

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import requests
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from evolm.errors import ConfigError, ServiceUnavailable
+from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
 from evolm.task.base import Example, Sampling, Scores, Task, cycling_window, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -29,8 +29,10 @@ DEFAULT_TEMPLATE = "BEGINNING OF CONVERSATION: USER: {x} ASSISTANT:"
 MAX_BACKOFF_S = 30.0
 
 
-class ScorerError(RuntimeError):
-    """The scorer service answered, but not with scores (HTTP 4xx or a malformed body)."""
+class ScorerError(RunAborted):
+    """The scorer service answered, but not with scores (HTTP 4xx, a malformed body, or a
+    reward/cost that is not a finite number): the run stops at once (exit 3) with this
+    message, which names the service and the field."""
 
 
 class ScorerUnavailable(ServiceUnavailable, ConnectionError):
@@ -97,9 +99,22 @@ class ScorerClient:
                 raise ScorerError(
                     f"scorer at {self.url} must answer {n} rewards and costs, got {answer!r:.200}"
                 )
-            rewards += [float(x) for x in r]
-            costs += [float(x) for x in c]
+            rewards += self._numbers(r, "rewards", i)
+            costs += self._numbers(c, "costs", i)
         return rewards, costs
+
+    def _numbers(self, values: list[Any], field: str, offset: int) -> list[float]:
+        """``values`` as floats, or ScorerError naming the first that is not a finite number
+        (NaN, inf, a string, null, a bool)."""
+        for j, x in enumerate(values):
+            ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+            if not ok:
+                raise ScorerError(
+                    f"scorer service at task.url={self.url} answered {field}[{offset + j}] = "
+                    f"{x!r:.50}, not a finite number; fix the service's scorer (every reward and "
+                    "cost must be a finite float)"
+                )
+        return [float(x) for x in values]
 
     def _call(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
         retrying = Retrying(
