@@ -260,10 +260,8 @@ def test_checkpoint_of_another_rank_is_an_error_naming_the_file(
     proc = run_cli([f"resume={run_dir}"], timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
-    assert (
-        f"resume: checkpoint {newest.path} does not fit this run: it holds 1 LoRA tensors of shapes [(3, 5)]"
-        in out
-    )
+    expected = f"checkpoint {newest.path} does not fit this run: it holds 1 LoRA tensors of shapes"
+    assert f"resume: {expected} [(3, 5)]" in out
     assert "Traceback" not in out
 
 
