@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from hydra.core.config_store import ConfigNode, ConfigStore
@@ -132,6 +133,14 @@ def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
     return then if _root_.get("resume") else otherwise
 
 
+def now(pattern: str) -> str:
+    """``${evolm.now:%H-%M-%S}``: the run's start time (rank 0's in a process group, so every
+    rank of a distributed run names the same run directory) formatted with ``pattern``."""
+    from evolm.dist import current
+
+    return datetime.fromtimestamp(current().start_time).strftime(pattern)
+
+
 def register() -> None:
     """Register the root schema, the lazy group schemas and evolm's resolvers (idempotent)."""
     cs = ConfigStore.instance()
@@ -142,6 +151,7 @@ def register() -> None:
             cs.repo[group] = SchemaGroup(group, entries)
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
+    OmegaConf.register_resolver("evolm.now", now, replace=True)
 
 
 register()

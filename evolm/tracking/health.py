@@ -54,6 +54,8 @@ class LearningMonitor(Callback):
         abort: end the run with RunAborted instead of going on after the warning.
     """
 
+    every_rank = True  # its abort must stop every rank of a distributed run alike
+
     def __init__(self, patience: int = 3, abort: bool = False) -> None:
         if patience < 1:
             raise ConfigError("patience", f"must be >= 1, got {patience}", "e.g. 3")
