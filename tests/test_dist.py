@@ -1,0 +1,294 @@
+"""Distributed ES (evolm.dist): launch environments, the gloo collectives in real processes, and
+``torchrun`` runs that must equal one process bit for bit (fresh, multi-node rendezvous, resume
+at another world size)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from evolm import dist
+from evolm.dist import SINGLE, DivergenceError, checksum, first_host, launch_env
+from evolm.engine.base import Engine
+from evolm.evaluate import evaluate
+from evolm.lora.layout import LoraLayout, LoraPopulation, LoraTarget
+from evolm.sampling import Sampling
+from evolm.task.base import Example, Scores, Task
+from tests.helpers import REPO, read_results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- launch environments -------------------------------------------------------------------
+def test_launch_env_reads_torchrun_then_slurm() -> None:
+    assert launch_env({}) == dist.Launch()
+    run = launch_env(
+        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "n0", "MASTER_PORT": "7"}
+    )
+    assert (run.rank, run.local_rank, run.world_size, run.master_addr, run.source) == (
+        3,
+        1,
+        4,
+        "n0",
+        "torchrun",
+    )
+    slurm = launch_env(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_LOCALID": "1",
+            "SLURM_NTASKS": "8",
+            "SLURM_JOB_NODELIST": "gpu[07-10],cpu1",
+            "SLURM_JOB_ID": "123456",
+        }
+    )
+    assert (slurm.rank, slurm.local_rank, slurm.world_size, slurm.source) == (5, 1, 8, "slurm")
+    assert (slurm.master_addr, slurm.master_port) == ("gpu07", 20000 + 123456 % 20000)
+    # one SLURM task (a plain sbatch job) is one process
+    assert launch_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).world_size == 1
+
+
+def test_first_host() -> None:
+    assert first_host("node1") == "node1"
+    assert first_host("a[3,5-6]") == "a3"
+    assert first_host("gpu-[012-015],b2") == "gpu-012"
+
+
+def test_shard_and_unshard_interleave_rows() -> None:
+    class Two(dist.Comm):
+        world_size = 3
+
+    rows = list(range(10))
+    parts = []
+    for r in range(3):
+        c = Two()
+        c.rank = r
+        parts.append(c.shard(rows))
+    assert parts == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]  # sizes differ by one at most
+    assert Two().unshard(parts) == rows
+
+
+def test_checksum_sees_one_bit_and_a_swap() -> None:
+    x = [torch.randn(5, 3), torch.randn(4)]
+    base = checksum(x)
+    flipped = [x[0].clone(), x[1]]
+    flipped[0].view(-1).view(torch.int32)[7] ^= 1  # the last bit of one element
+    assert not torch.equal(checksum(flipped), base)
+    swapped = [x[0].clone(), x[1]]
+    swapped[0][0, 0], swapped[0][1, 0] = x[0][1, 0].item(), x[0][0, 0].item()
+    assert not torch.equal(checksum(swapped), base)
+    assert torch.equal(checksum([t.clone() for t in x]), base)
+
+
+# -- collectives in real processes (gloo) ------------------------------------------------------
+LAYOUT = LoraLayout(targets=(LoraTarget(0, "q_proj", 2, 2),), rank=1, alpha=1.0, num_layers=1)
+
+
+class LabelEngine(Engine):
+    """Completion = prompt + the member's label (its first LoRA value): no model needed."""
+
+    layout = LAYOUT
+
+    def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        return messages[-1]["content"]
+
+    def generate(
+        self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
+    ) -> list[list[str]]:
+        labels = [0] if adapters is None else [int(t.flatten()[0]) for t in adapters.tensors[0]]
+        return [[f"{p}{'!' * label}" for p in prompts] for label in labels]
+
+    def close(self) -> None: ...
+
+
+class LengthTask(Task):
+    """reward = length of the completion; ``batch`` also counts the batch's duplicates (a reward
+    that depends on the other rows: only right when the whole population is scored at once)."""
+
+    sampling = Sampling(max_new_tokens=4)
+
+    def __init__(self, row_scores: bool) -> None:
+        self.row_scores = row_scores
+
+    def train_examples(self, generation: int) -> list[Example]:
+        return [Example(prompt=p) for p in ("a", "bb", "ccc")]
+
+    def eval_examples(self) -> list[Example]:
+        return [Example(prompt="z")]
+
+    def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
+        rewards = [float(len(c)) for c in completions]
+        if not self.row_scores:
+            rewards = [r + completions.count(c) for r, c in zip(rewards, completions, strict=True)]
+        return {"reward": rewards, "length": [float(len(c)) for c in completions]}
+
+
+def population(members: int) -> LoraPopulation:
+    a = torch.arange(members, dtype=torch.float32).view(members, 1, 1).expand(members, 1, 2)
+    return LoraPopulation(LAYOUT, (a.contiguous(), torch.zeros(members, 2, 1)))
+
+
+def _worker(rank: int, world: int, port: int) -> None:
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "EVOLM_DIST_BACKEND": "gloo",
+    }
+    os.environ.update(env)
+    comm = dist.setup(env, timeout_s=60)
+    try:
+        assert (comm.rank, comm.world_size) == (rank, world)
+        assert comm.gather(rank * 10) == [r * 10 for r in range(world)]
+        assert comm.broadcast(f"from {rank}") == "from 0"
+        engine = LabelEngine()
+        pop = population(5)  # 15 rows: 8 on rank 0, 7 on rank 1
+        for row_scores in (True, False):
+            task = LengthTask(row_scores)
+            examples = task.train_examples(1)
+            alone = evaluate(engine, task, examples, pop, seed=0, comm=SINGLE)
+            shared = evaluate(engine, task, examples, pop, seed=0, comm=comm)
+            assert torch.equal(shared.fitness, alone.fitness), (row_scores, shared.fitness)
+            assert shared.metrics == alone.metrics
+            mine = comm.shard([(m, p) for m in range(5) for p in range(3)])
+            assert all(shared.completions[m][p] == alone.completions[m][p] for m, p in mine)
+            # one row for two ranks: rank 1 has none
+            one = evaluate(engine, task, task.eval_examples(), None, seed=0, comm=comm)
+            assert one.metrics == {"reward": 1.0 + (not row_scores), "length": 1.0}
+        comm.check_same([torch.ones(3), torch.arange(4.0)], "same")
+        with pytest.raises(DivergenceError, match="differs across ranks"):
+            comm.check_same([torch.ones(3) * (1 + rank * 1e-7)], "the ES mean")
+    finally:
+        dist.teardown()
+
+
+def test_gloo_ranks_evaluate_like_one_process() -> None:
+    """Two gloo processes: sharded evaluation equals one process's (per-row scores, and the
+    whole-population scoring of a task with ``row_scores=False``); a rank with no rows; a
+    mean that differs by one rounding step raises DivergenceError on every rank."""
+    mp.spawn(_worker, args=(2, free_port()), nprocs=2, join=True)
+
+
+# -- torchrun, end to end ----------------------------------------------------------------------
+RUN = [
+    "debug=fast",
+    "logger=none",
+    "callbacks.checkpoint.every=1",
+    "callbacks.plot.min_interval_s=60",
+]
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TQDM_DISABLE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+    }
+
+
+def _run(cmd: list[str], timeout: float = 300) -> None:
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args, "-m", "evolm"]
+
+
+def _nodes(port: int, node: int) -> list[str]:
+    """One of two "nodes" (torchrun agents) of one process each, c10d rendezvous."""
+    return torchrun(
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=evolm-test",
+        f"--node-rank={node}",
+        "--local-addr=127.0.0.1",
+    )
+
+
+def _records(run_dir: Path) -> list[dict[str, object]]:
+    return [
+        {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_results(run_dir)
+    ]
+
+
+ADAPTER = Path("adapter") / "adapter_model.safetensors"
+
+
+@pytest.mark.slow
+def test_torchrun_equals_one_process_and_resumes_at_any_world_size(tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node=2 -m evolm debug=fast`` (gloo) writes the final adapter of
+    ``python -m evolm debug=fast`` byte for byte, and the same records; a one-process run's
+    checkpoint resumed by two "nodes" (c10d rendezvous on 127.0.0.1) ends on the same bytes."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run([sys.executable, "-m", "evolm", *RUN, f"hydra.run.dir={one}"])
+    port = free_port()
+    _run(
+        [
+            *torchrun("--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}"),
+            *RUN,
+            f"hydra.run.dir={two}",
+        ]
+    )
+    assert (two / ADAPTER).read_bytes() == (one / ADAPTER).read_bytes()
+    assert _records(two) == _records(one)
+    assert sorted(p.name for p in two.glob("rank*.log")) == ["rank1.log"]  # rank 1 writes no more
+    assert not (two / ".hydra" / "rank1").exists()
+
+    # resume generation 3 of the one-process run on 2 "nodes" x 1 process
+    resumed = tmp_path / "resumed"
+    shutil.copytree(one, resumed)
+    shutil.rmtree(resumed / "adapter")
+    for stale in (resumed / "checkpoints").glob("gen-000003.pt*"):
+        stale.unlink()
+    port = free_port()
+    agents = [
+        subprocess.Popen(
+            [*_nodes(port, node), f"resume={resumed}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+            cwd=REPO,
+        )
+        for node in (0, 1)
+    ]
+    outs = [a.communicate(timeout=300)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    assert (resumed / ADAPTER).read_bytes() == (one / ADAPTER).read_bytes()
+    assert _records(resumed) == _records(one)
+    assert "resuming" in outs[0]
+
+
+def test_multirun_under_torchrun_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "evolm", "-m", "hparams_search=es_optuna"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**_env(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+    )
+    assert proc.returncode == 2
+    assert "sweep_workers.sh" in proc.stderr
+    assert not (tmp_path / "outputs").exists()
