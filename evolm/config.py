@@ -43,7 +43,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     "server": {
         "schema_local": ("evolm.engine.local:LocalEngine", True),
         "schema_vllm": ("evolm.server.vllm:VLLMEngine", True),
-        "schema_sglang": ("evolm.server.sglang:SGLangEngine", True),
+        "schema_sglang": ("evolm.server.sglang:sglang_servers", True),
     },
 }
 
