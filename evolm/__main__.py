@@ -25,6 +25,10 @@ def hydra_main(cfg: DictConfig) -> float:
     from evolm.app import train
     from evolm.server.pool import in_multirun
 
+    joined = False
+    if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
+        dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
+        joined = True
     try:
         return train(cfg)
     except ConfigError as e:
@@ -37,6 +41,9 @@ def hydra_main(cfg: DictConfig) -> float:
         if in_multirun():
             raise
         raise SystemExit(3) from None
+    finally:
+        if joined:
+            dist.teardown()
 
 
 def main() -> None:

@@ -151,7 +151,8 @@ def register() -> None:
             cs.repo[group] = SchemaGroup(group, entries)
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
-    OmegaConf.register_resolver("evolm.now", now, replace=True)
+    OmegaConf.register_resolver("evolm.now", now, replace=True, use_cache=True)
+    OmegaConf.register_resolver("evolm.at_least_one", lambda n: max(1, int(n)), replace=True)
 
 
 register()

@@ -239,7 +239,8 @@ ADAPTER = Path("adapter") / "adapter_model.safetensors"
 def test_torchrun_equals_one_process_and_resumes_at_any_world_size(tmp_path: Path) -> None:
     """``torchrun --nproc_per_node=2 -m evolm debug=fast`` (gloo) writes the final adapter of
     ``python -m evolm debug=fast`` byte for byte, and the same records; a one-process run's
-    checkpoint resumed by two "nodes" (c10d rendezvous on 127.0.0.1) ends on the same bytes."""
+    checkpoint resumed by two "nodes" (c10d rendezvous on 127.0.0.1) ends on the same bytes,
+    and so does a run of two SLURM tasks (srun's environment)."""
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, "-m", "evolm", *RUN, f"hydra.run.dir={one}"])
     port = free_port()
@@ -278,6 +279,31 @@ def test_torchrun_equals_one_process_and_resumes_at_any_world_size(tmp_path: Pat
     assert (resumed / ADAPTER).read_bytes() == (one / ADAPTER).read_bytes()
     assert _records(resumed) == _records(one)
     assert "resuming" in outs[0]
+
+    # 2 SLURM tasks (srun's environment, as launchers/slurm_train.sh sets it): plain python
+    slurm, port = tmp_path / "slurm", free_port()
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "evolm", *RUN, f"hydra.run.dir={slurm}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={
+                **_env(),
+                "SLURM_PROCID": str(task),
+                "SLURM_LOCALID": "0",
+                "SLURM_NTASKS": "2",
+                "SLURM_JOB_ID": "77",
+                "SLURM_JOB_NODELIST": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+        )
+        for task in (0, 1)
+    ]
+    outs = [t.communicate(timeout=300)[0] for t in tasks]
+    assert [t.returncode for t in tasks] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    assert (slurm / ADAPTER).read_bytes() == (one / ADAPTER).read_bytes()
 
 
 def test_multirun_under_torchrun_is_refused(tmp_path: Path) -> None:
