@@ -4,6 +4,7 @@ at another world size)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -318,3 +319,40 @@ def test_multirun_under_torchrun_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "sweep_workers.sh" in proc.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+BENCH = ["--members", "4", "--prompts", "3", "--prompt-len", "8", "--new-tokens", "4"]
+
+
+def _bench_worker(rank: int, port: int, out: str) -> None:
+    from evolm.bench import distributed
+
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "EVOLM_DIST_BACKEND": "gloo",
+        }
+    )
+    distributed.main([*BENCH, "--reps", "1", "--json", out, "--markdown", out + ".md"])
+
+
+@pytest.mark.slow
+def test_distributed_benchmark_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node=2 -m evolm.bench.distributed`` on CPU: per-rank timings of
+    both ranks, the all-gather cost, the measured speedup and the 2/4/8 projection."""
+    out = tmp_path / "bench.json"
+    mp.spawn(_bench_worker, args=(free_port(), str(out)), nprocs=2, join=True)
+    result = json.loads(out.read_text())
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    summary = result["summary"]
+    assert summary["world_size"] == 2 and summary["alone_s"] > 0 and summary["gather_s"] > 0
+    assert summary["measured_speedup"] == summary["alone_s"] / summary["generation_s"]
+    assert set(summary["projected"]) == {"2", "4", "8"}
+    for projected in summary["projected"].values():
+        assert projected["speedup"] > 0 and 0 < projected["comm_fraction"] < 1
+    assert "| 8 |" in (tmp_path / "bench.json.md").read_text()
