@@ -356,3 +356,40 @@ def test_distributed_benchmark_on_two_gloo_ranks(tmp_path: Path) -> None:
     for projected in summary["projected"].values():
         assert projected["speedup"] > 0 and 0 < projected["comm_fraction"] < 1
     assert "| 8 |" in (tmp_path / "bench.json.md").read_text()
+
+
+# -- sweeps on K GPUs ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sweep_workers_one_per_gpu_share_one_study(tmp_path: Path) -> None:
+    """``GPUS=0,1 launchers/sweep_workers.sh 2 1``: two workers, each pinned to its own GPU
+    (``CUDA_VISIBLE_DEVICES``), add their trials to ONE sqlite study."""
+    import optuna
+
+    proc = subprocess.run(
+        [
+            "bash",
+            str(REPO / "launchers" / "sweep_workers.sh"),
+            "2",
+            "1",
+            f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db",
+            "hydra.sweeper.study_name=gpus",
+            "generations=1",
+            "es.population_size=2",
+            "task.max_new_tokens=4",
+            "logger=none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**_env(), "GPUS": "0,1", "ROOT": str(tmp_path / "sweep"), "PYTHON": sys.executable},
+    )
+    outs = [(tmp_path / "sweep" / f"worker{i}.out").read_text() for i in (0, 1)]
+    assert proc.returncode == 0, proc.stderr + "\n".join(o[-2000:] for o in outs)
+    assert [o.splitlines()[0] for o in outs] == [
+        "worker 0: CUDA_VISIBLE_DEVICES=0",
+        "worker 1: CUDA_VISIBLE_DEVICES=1",
+    ]
+    trials = optuna.load_study(study_name="gpus", storage=f"sqlite:///{tmp_path}/optuna.db").trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert trials[0].params != trials[1].params
