@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -91,6 +92,17 @@ def test_checksum_sees_one_bit_and_a_swap() -> None:
     swapped[0][0, 0], swapped[0][1, 0] = x[0][1, 0].item(), x[0][0, 0].item()
     assert not torch.equal(checksum(swapped), base)
     assert torch.equal(checksum([t.clone() for t in x]), base)
+
+
+def test_only_evolm_dist_touches_torch_distributed() -> None:
+    """The collectives live in evolm/dist.py; the ES core (and everything else) has none."""
+    pattern = re.compile(r"torch\.distributed|from torch import .*distributed")
+    users = {
+        str(p.relative_to(REPO))
+        for p in (REPO / "evolm").rglob("*.py")
+        if pattern.search(p.read_text(encoding="utf-8"))
+    }
+    assert users == {"evolm/dist.py"}
 
 
 # -- collectives in real processes (gloo) ------------------------------------------------------
