@@ -15,13 +15,12 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
-from evolm import sweep  # noqa: F401  (registers the sweep's ${evolm_sweep_seed:...} resolver)
+from evolm import dist, sweep  # noqa: F401  (sweep registers its ${evolm_sweep_seed:...} resolver)
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
 from evolm.trust import hydra_whitelist, precheck
 
@@ -35,24 +34,15 @@ WHAT = {
 }
 
 
-def main() -> Any:
-    """The CLI. Hydra instantiates only targets of the trust list (:mod:`evolm.trust`): its
-    callbacks, sweeper sampler and logging factories included."""
-    try:
-        whitelist = hydra_whitelist(sys.argv[1:])
-        precheck(sys.argv[1:], whitelist)
-    except ConfigError as e:
-        sys.stderr.write(f"bad configuration: {e}\n")  # before Hydra sets up logging
-        raise SystemExit(2) from None
-    return hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=whitelist)(
-        job
-    )()
-
-
 def job(cfg: DictConfig) -> float:
+    """One Hydra job: a training run (a sweep's trial too)."""
     from evolm.app import train
     from evolm.server.pool import in_multirun
 
+    joined = False
+    if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
+        dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
+        joined = True
     try:
         return train(cfg)
     except (ConfigError, RunAborted, ServiceUnavailable) as e:
@@ -62,9 +52,12 @@ def job(cfg: DictConfig) -> float:
             log.error("its checkpoints are kept: python -m evolm resume=%s", cfg.output_dir)
         if in_multirun() or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise  # a sweep records the trial as failed and goes on (SystemExit would end it)
-        if cfg.resume is None:
+        if cfg.resume is None and dist.current().rank == 0:
             remove_unstarted(Path(cfg.output_dir))
         raise SystemExit(EXIT[kind]) from None
+    finally:
+        if joined:
+            dist.teardown()
 
 
 def remove_unstarted(run_dir: Path) -> None:
@@ -80,6 +73,39 @@ def remove_unstarted(run_dir: Path) -> None:
     if day.parent.name == "runs":
         with contextlib.suppress(OSError):  # not empty: another run started meanwhile
             day.rmdir()
+
+
+def main() -> None:
+    """The CLI. Hydra instantiates only targets of the trust list (:mod:`evolm.trust`): its
+    callbacks, sweeper sampler and logging factories included. Launched by torchrun or SLURM
+    with several processes, it joins the process group first (:mod:`evolm.dist`), so every rank
+    shares rank 0's clock (``${evolm.now:...}``: one run directory)."""
+    argv = sys.argv[1:]
+    try:
+        whitelist = hydra_whitelist(argv)
+        precheck(argv, whitelist)
+    except ConfigError as e:
+        sys.stderr.write(f"bad configuration: {e}\n")  # before Hydra sets up logging
+        raise SystemExit(2) from None
+    launch = dist.launch_env()
+    if launch.world_size > 1:
+        if any(a in ("-m", "--multirun") for a in argv) and launch.source == "torchrun":
+            sys.stderr.write(
+                "bad configuration: -m under torchrun: every rank would run its own sweeper. "
+                "Fix: one sweep worker per GPU (launchers/sweep_workers.sh, docs/distributed.md)\n"
+            )
+            raise SystemExit(2)
+        dist.setup()
+        if launch.rank > 0:  # the run directory and its .hydra/ and log file are rank 0's
+            sys.argv += [
+                "hydra.output_subdir=null",
+                "hydra.job_logging.handlers.file.filename="
+                f"${{hydra.runtime.output_dir}}/rank{launch.rank}.log",
+            ]
+    try:
+        hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=whitelist)(job)()
+    finally:
+        dist.teardown()
 
 
 if __name__ == "__main__":

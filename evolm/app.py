@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
-from evolm import limits, trust
+from evolm import dist, limits, trust
 from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, check_shapes, latest_checkpoint
 from evolm.config import Config
 from evolm.errors import ConfigError
@@ -122,14 +122,20 @@ def noise_scales(spec: LoraSpec, model_path: str, layout: LoraLayout) -> list[fl
     return weight_mean_scales(model_path, layout)
 
 
-def resumed_config(cfg: DictConfig, trusted: tuple[str, ...] = trust.DEFAULT) -> DictConfig:
+def resumed_config(
+    cfg: DictConfig, trusted: tuple[str, ...] = trust.DEFAULT, comm: dist.Comm = dist.SINGLE
+) -> DictConfig:
     """The resolved ``config.yaml`` of the run ``cfg.resume``, which continues exactly as it was
     configured: other command-line overrides (but ``trusted_targets``) are rejected (they would
     change the run). The file is data: its ``_target_`` s must be in ``trusted`` (the command
-    line's trust list, not the file's)."""
+    line's trust list, not the file's). In a process group rank 0 reads it and sends it to the
+    others (their nodes need not see it)."""
     run_dir = Path(cfg.resume).expanduser()
     path = run_dir / "config.yaml"
-    if not path.is_file():
+    text = comm.broadcast(
+        path.read_text(errors="replace") if comm.is_main and path.is_file() else None
+    )
+    if text is None:
         raise ConfigError(
             "resume",
             f"{str(path)!r} does not exist",
@@ -144,18 +150,19 @@ def resumed_config(cfg: DictConfig, trusted: tuple[str, ...] = trust.DEFAULT) ->
             f"{others} would change the run being resumed (it continues as {path} says)",
             f"drop them: python -m evolm resume={cfg.resume}, or start a new run with them",
         )
-    resumed = load_run_config(path)
+    resumed = load_run_config(path, text)
     resumed.output_dir = str(run_dir.resolve())  # the run continues where it is now
     resumed.trusted_targets = list(trusted)
     trust.check_config_targets(resumed, trusted, str(path))
     return resumed
 
 
-def load_run_config(path: Path) -> DictConfig:
-    """A run's ``config.yaml``, checked against the root schema, or ConfigError naming it."""
+def load_run_config(path: Path, text: str | None = None) -> DictConfig:
+    """A run's ``config.yaml`` (its ``text`` when already read), checked against the root
+    schema, or ConfigError naming it."""
     fix = "resume a run directory written by evolm, or restore its config.yaml from a copy"
     try:
-        loaded = OmegaConf.load(path)
+        loaded = OmegaConf.create(path.read_text(errors="replace") if text is None else text)
     except Exception as e:  # YAML syntax, bad encoding
         problem = f"{path} is not valid YAML ({str(e).splitlines()[0]})"
         raise ConfigError("resume", problem, fix) from None
@@ -209,10 +216,15 @@ def build_parts(build: Builder, cfg: DictConfig) -> Parts:
     )
 
 
-def restore(run_dir: Path, stateful: dict[str, Stateful]) -> Checkpoint | None:
+def restore(
+    run_dir: Path, stateful: dict[str, Stateful], comm: dist.Comm = dist.SINGLE
+) -> Checkpoint | None:
     """The run's latest valid checkpoint, with its task and callback state loaded into
-    ``stateful``; None (start again from generation 0) when there is none."""
-    checkpoint = latest_checkpoint(run_dir / CHECKPOINT_DIR)
+    ``stateful``; None (start again from generation 0) when there is none. In a process group
+    rank 0 reads it and sends it to every rank (any world size resumes any checkpoint)."""
+    checkpoint = comm.broadcast(
+        latest_checkpoint(run_dir / CHECKPOINT_DIR) if comm.is_main else None
+    )
     if checkpoint is None:
         log.warning("%s holds no usable checkpoint: the run starts again at generation 0", run_dir)
         return None
@@ -227,7 +239,9 @@ def restore(run_dir: Path, stateful: dict[str, Stateful]) -> Checkpoint | None:
     return checkpoint
 
 
-def make_loop(cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout) -> ESLoop:
+def make_loop(
+    cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout, comm: dist.Comm = dist.SINGLE
+) -> ESLoop:
     log.info(
         "ES over %d LoRA parameters (%d targets, rank %d), population %d, %d generations",
         layout.numel(),
@@ -244,18 +258,28 @@ def make_loop(cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout) ->
         generations=cfg.generations,
         eval_every=cfg.eval_every,
         seed=cfg.seed,
-        callbacks=[AdapterWriter(), *parts.callbacks.values()],  # adapter first: loggers upload it
+        callbacks=run_callbacks(parts, comm),
+        comm=comm,
     )
+
+
+def run_callbacks(parts: Parts, comm: dist.Comm) -> list[Callback]:
+    """The final adapter writer (first: loggers upload it) and the configured callbacks; on
+    ranks other than 0 only the callbacks marked ``every_rank`` (nothing that writes)."""
+    if comm.is_main:
+        return [AdapterWriter(), *parts.callbacks.values()]
+    return [cb for cb in parts.callbacks.values() if cb.every_rank]
 
 
 def train(cfg: DictConfig) -> float:
     """Run one ES fine-tuning job described by ``cfg``, or continue the run ``cfg.resume``
     from its latest valid checkpoint; returns ``cfg.optimized_metric``."""
+    comm = dist.current()  # joined by evolm.__main__ under torchrun/SLURM; else one process
     resuming = cfg.resume is not None
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
     trusted = trust.job_trusted(cfg, overrides)
     if resuming:
-        cfg = resumed_config(cfg, trusted)
+        cfg = resumed_config(cfg, trusted, comm)
     else:
         trust.check_config_targets(cfg, trusted, "the config files and command line")
     check_run_keys(cfg)
@@ -264,7 +288,7 @@ def train(cfg: DictConfig) -> float:
     lora_spec, strategy, make_engine = parts.lora_spec, parts.strategy, parts.make_engine
     stateful = parts.stateful
     output_dir = Path(cfg.output_dir)
-    checkpoint = restore(output_dir, stateful) if resuming else None
+    checkpoint = restore(output_dir, stateful, comm) if resuming else None
 
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
     model_path = resolve_model(parts.model_spec)
@@ -281,7 +305,7 @@ def train(cfg: DictConfig) -> float:
     )
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    if not resuming:
+    if not resuming and comm.is_main:
         (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     ctx = RunContext(
         output_dir=output_dir,
@@ -293,11 +317,13 @@ def train(cfg: DictConfig) -> float:
         stateful=stateful,
     )
     state = (
-        ESState.from_state_dict(checkpoint.es)
+        on_device(ESState.from_state_dict(checkpoint.es), comm)
         if checkpoint is not None
-        else strategy.init(initial_mean(layout, lora_spec, scales, cfg.seed), cfg.seed, scales)
+        else strategy.init(
+            initial_mean(layout, lora_spec, scales, cfg.seed, comm.device), cfg.seed, scales
+        )
     )
-    loop = make_loop(cfg, parts, engine, layout)
+    loop = make_loop(cfg, parts, engine, layout, comm)
     try:
         state, summary = loop.run(state, ctx)
     finally:
@@ -306,12 +332,25 @@ def train(cfg: DictConfig) -> float:
 
 
 def initial_mean(
-    layout: LoraLayout, spec: LoraSpec, scales: list[float], seed: int
+    layout: LoraLayout,
+    spec: LoraSpec,
+    scales: list[float],
+    seed: int,
+    device: torch.device | None = None,
 ) -> list[torch.Tensor]:
-    """The initial ES mean, on the GPU when there is one: noise is then drawn where it is used
-    (the CPU and CUDA generators differ, so a GPU run's noise differs from a CPU run's)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    """The initial ES mean, on the GPU when there is one (this rank's in a process group):
+    noise is then drawn where it is used (the CPU and CUDA generators differ, so a GPU run's
+    noise differs from a CPU run's)."""
+    device = device or dist.SINGLE.device
     return [m.to(device) for m in layout.init_mean(spec, scales, seed)]
+
+
+def on_device(state: ESState, comm: dist.Comm) -> ESState:
+    """A restored ES state whose noise is drawn on this rank's device when the checkpoint's
+    noise device is of the same kind (``cuda:0``'s checkpoint resumed on rank 3: ``cuda:3``)."""
+    if comm.world_size > 1 and torch.device(state.noise_device).type == comm.device.type:
+        state.noise_device = str(comm.device)
+    return state
 
 
 def metric(summary: dict[str, Any], name: str) -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     "server": {
         "schema_local": ("evolm.engine.local:LocalEngine", True),
         "schema_vllm": ("evolm.server.vllm:VLLMEngine", True),
-        "schema_sglang": ("evolm.server.sglang:SGLangEngine", True),
+        "schema_sglang": ("evolm.server.sglang:sglang_servers", True),
     },
 }
 
@@ -146,6 +147,10 @@ def run_dir(resume: Any, fresh: str) -> str:
     """
     if resume:
         return str(resume)
+    from evolm.dist import current
+
+    if current().rank > 0:  # rank 0 claims the directory; the other ranks only log into it
+        return fresh
     if fresh not in _CLAIMED:
         Path(fresh).parent.mkdir(parents=True, exist_ok=True)
         for n in range(10_000):
@@ -159,6 +164,14 @@ def run_dir(resume: Any, fresh: str) -> str:
     return _CLAIMED[fresh]
 
 
+def now(pattern: str) -> str:
+    """``${evolm.now:%H-%M-%S}``: the run's start time (rank 0's in a process group, so every
+    rank of a distributed run names the same run directory) formatted with ``pattern``."""
+    from evolm.dist import current
+
+    return datetime.fromtimestamp(current().start_time).strftime(pattern)
+
+
 def register() -> None:
     """Register the root schema, the lazy group schemas and evolm's resolvers (idempotent)."""
     cs = ConfigStore.instance()
@@ -170,6 +183,8 @@ def register() -> None:
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
     OmegaConf.register_resolver("evolm.run_dir", run_dir, replace=True)
+    OmegaConf.register_resolver("evolm.now", now, replace=True, use_cache=True)
+    OmegaConf.register_resolver("evolm.at_least_one", lambda n: max(1, int(n)), replace=True)
 
 
 register()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from evolm import metrics as M
+from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
 from evolm.es import ES, ESState, TellStats
@@ -65,6 +66,11 @@ class Callback:
     records of those generations are not emitted again. ``on_run_error`` is called instead of
     the rest when the run raises (including KeyboardInterrupt), before the error propagates.
     """
+
+    every_rank: bool = False
+    """In a distributed run (:mod:`evolm.dist`) callbacks run on rank 0 alone (they write);
+    True runs this one on every rank: one whose decision must be the same everywhere (the
+    health monitor's abort), fed with the same records on every rank."""
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None: ...
 
@@ -150,11 +156,12 @@ class ESLoop:
     eval_every: int
     seed: int
     callbacks: Sequence[Callback] = ()
+    comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
 
     def evaluate_mean(self, state: ESState) -> Record:
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, state.mean)
-        ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed)
+        ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed, self.comm)
         metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
         return {**metrics, M.EVAL_S: time.perf_counter() - start}
 
@@ -167,11 +174,12 @@ class ESLoop:
         sampled = time.perf_counter()
         examples = self.task.train_examples(generation)
         ev: Evaluation = evaluate(
-            self.engine, self.task, examples, adapters, seed=self.seed + generation
+            self.engine, self.task, examples, adapters, self.seed + generation, self.comm
         )
         told = time.perf_counter()
         state, stats = self.strategy.tell(state, pop, ev.fitness)
         check_finite_mean(stats.mean_norm, generation, self.strategy)
+        self.comm.check_same(state.mean, f"the ES mean after generation {generation}")
         es_s = (sampled - start) + (time.perf_counter() - told)
         record = GenerationRecord(
             generation=generation,

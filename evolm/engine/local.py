@@ -42,8 +42,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "auto":  # the current CUDA device: cuda:LOCAL_RANK in a process group
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             "device",

@@ -64,6 +64,13 @@ class Task(Protocol):
         scoring service) and raise :class:`~evolm.errors.ConfigError` naming the key and the
         fix, so a run that cannot score fails in seconds instead of after the model load."""
 
+    row_scores: bool = True
+    """Whether a completion's scores depend only on it and its example. True: in a
+    distributed run (:mod:`evolm.dist`) each rank scores its own rows and the ranks all-gather
+    the scores. False (a reward that compares a member's completions with each other, or a
+    batch-dependent scorer): the ranks all-gather the completions, rank 0 scores the whole
+    population in one call, as one process does, and broadcasts the scores."""
+
     def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:
         """Called after each generation's ES update with the mean of every score key over all
         its completions (``{"reward": ..., "cost": ...}``). It may adapt task state (the scorer

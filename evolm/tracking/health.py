@@ -60,6 +60,8 @@ class LearningMonitor(Callback):
             run stops at once with RunAborted, whatever ``abort`` says (1.0: never).
     """
 
+    every_rank = True  # its abort must stop every rank of a distributed run alike
+
     def __init__(
         self,
         patience: int = 3,
