@@ -227,6 +227,20 @@ def test_cuda_graph_decode_equals_hf_fp32(ops: str, prompts: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("ops", ["triton", "eager"])
+def test_cuda_graph_decode_equals_hf_fp32_smollm2_shape(ops: str) -> None:
+    """The same on a SmolLM2-shaped Llama (tied embeddings, 9 / 3 heads, no q/k/v bias)."""
+    model = llama_model(smol=True).to("cuda")
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
+    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine.fast.model.set_ops(ops)
+    engine.fast.bucket = 8
+    assert check_forced(engine, population(layout, 3), 16) <= 1e-3
+    assert check_forced(engine, None, 3) <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_ops_equal_torch_bf16() -> None:
     """The Triton kernels (LoRA-fused variants too) on bf16 inputs against the torch ops in
     fp32 on the same inputs: within a few bf16 roundings (2e-2 of the largest value)."""
