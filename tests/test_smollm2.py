@@ -47,7 +47,7 @@ def layout(smollm2_dir: str) -> LoraLayout:
 
 @pytest.fixture(scope="module")
 def engine(smollm2_dir: str, layout: LoraLayout) -> LocalEngine:
-    return LocalEngine(smollm2_dir, layout, device="cpu", dtype="float32", threads=2)
+    return LocalEngine(smollm2_dir, layout, device="cpu", dtype="float32", threads=1)
 
 
 def population(layout: LoraLayout, members: int) -> LoraPopulation:
@@ -188,7 +188,7 @@ def test_conciseness_learns_on_smollm2(tmp_path: Path, smollm2_dir: str) -> None
             "eval_every=4",
             "es.population_size=8",
             "logger=none",
-            "server.threads=2",
+            "server.threads=1",
             f"output_dir={out}",
             f"hydra.run.dir={out}",
         ],
