@@ -176,16 +176,16 @@ def test_export_merges_and_round_trips(
 @pytest.mark.timeout(600)
 def test_conciseness_learns_on_smollm2(tmp_path: Path, smollm2_dir: str) -> None:
     """A few ES generations on the real model make the mean's held-out answers shorter and
-    closer to the references: eval reward of the mean rises (CLI run, CPU)."""
+    closer to the references: eval reward of the mean rises (CLI run, CPU, ~2-3 min)."""
     out = tmp_path / "run"
     proc = run_cli(
         [
             "model=smollm2-135m-instruct",
             "task=conciseness",
             "task.chat_template=true",
-            "task.max_new_tokens=32",
+            "task.max_new_tokens=24",
             "generations=4",
-            "eval_every=4",
+            "eval_every=2",
             "es.population_size=8",
             "logger=none",
             "server.threads=1",
@@ -196,5 +196,6 @@ def test_conciseness_learns_on_smollm2(tmp_path: Path, smollm2_dir: str) -> None
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = read_results(out)
-    start, end = records[0]["eval/reward_mean"], records[-1]["eval/reward_mean"]
-    assert end > start + 5, (start, end)
+    evals = [r["eval/reward_mean"] for r in records if "eval/reward_mean" in r]
+    # measured (seed 0): -85.4 -> -67.3 -> -49.9 characters off the reference answers
+    assert len(evals) == 3 and evals[2] > evals[0] + 15, evals
