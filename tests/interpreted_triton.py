@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from test_fastpath import check_forced, check_triton_ops, population
+from test_fastpath import check_forced, check_triton_ops, llama_model, population
 
 from evolm.bench.shapes import build_model
 from evolm.engine.local import LocalEngine
@@ -35,6 +35,13 @@ def main() -> None:
         out[f"lora_{prompts}"] = check_forced(engine, population(layout, 3), prompts)
         out[f"base_{prompts}"] = check_forced(engine, None, prompts)
     out["spare_rows"] = engine.fast.model.layers[0].qkv.weight.shape[0]
+    # SmolLM2's layout (Llama: no q/k/v bias, tied embeddings, 9 / 3 heads, hidden 288)
+    llama = llama_model(smol=True)
+    layout = LoraLayout.from_hf_config(llama.config, LoraSpec(rank=3))
+    engine = LocalEngine.from_model(llama, layout, fast=True)
+    engine.fast.model.set_ops("triton")
+    out["llama_lora_16"] = check_forced(engine, population(layout, 2), 16)
+    out["llama_base_3"] = check_forced(engine, None, 3)
     print(json.dumps(out))
 
 

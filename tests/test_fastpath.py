@@ -96,21 +96,35 @@ def test_forced_logits_equal_hf_multilora(qwen: torch.nn.Module, spec: LoraSpec)
     assert check_forced(engine, None) <= TOL
 
 
-def test_llama_without_biases_matches_too() -> None:
+def llama_model(smol: bool = True, seed: int = 0) -> torch.nn.Module:
+    """A random tiny Llama: ``smol`` is SmolLM2-135M's layout at small size (9 query heads over
+    3 KV heads, tied embeddings, rope_theta 1e5, eps 1e-5, a hidden size that is no power of
+    two); otherwise LlamaConfig's defaults (untied) at 4 / 2 heads."""
+    heads = dict(num_attention_heads=9, num_key_value_heads=3) if smol else {}
     cfg = LlamaConfig(
         vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=9 * 32 if smol else 64,
+        intermediate_size=192 if smol else 128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=256,
+        **(heads or dict(num_attention_heads=4, num_key_value_heads=2)),
+        **(dict(tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5) if smol else {}),
     )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
-    layout = LoraLayout.from_hf_config(cfg, LoraSpec(rank=2))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    assert model.config.tie_word_embeddings == smol
+    return model
+
+
+@pytest.mark.parametrize("smol", [False, True], ids=["llama", "smollm2-like"])
+def test_llama_without_biases_matches_too(smol: bool) -> None:
+    model = llama_model(smol)
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=2))
     engine = LocalEngine.from_model(model, layout, fast=True)
+    engine.fast.bucket = 8  # decode steps across a bucket boundary
     assert check_forced(engine, population(layout, 2)) <= TOL
+    assert check_forced(engine, None) <= TOL
 
 
 def test_generation_equals_hf_path(qwen: torch.nn.Module) -> None:
@@ -209,6 +223,20 @@ def test_cuda_graph_decode_equals_hf_fp32(ops: str, prompts: int) -> None:
     engine.fast.bucket = 8
     assert check_forced(engine, population(layout, 3), prompts) <= 1e-3
     assert check_forced(engine, None, prompts) <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("ops", ["triton", "eager"])
+def test_cuda_graph_decode_equals_hf_fp32_smollm2_shape(ops: str) -> None:
+    """The same on a SmolLM2-shaped Llama (tied embeddings, 9 / 3 heads, no q/k/v bias)."""
+    model = llama_model(smol=True).to("cuda")
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
+    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine.fast.model.set_ops(ops)
+    engine.fast.bucket = 8
+    assert check_forced(engine, population(layout, 3), 16) <= 1e-3
+    assert check_forced(engine, None, 3) <= 1e-3
 
 
 @pytest.mark.gpu

@@ -19,7 +19,8 @@ pytest.importorskip("triton")
 def test_triton_fast_path_equals_hf_interpreted() -> None:
     """Every kernel against torch, then prefill + decode in Triton mode (residual add + RMSNorm,
     RoPE and SiLU kernels with the LoRA fused in; u from the weights' spare rows) against the
-    HF model with MultiLoraLinear: the same <= 1e-4 as the eager fast path."""
+    HF model with MultiLoraLinear: the same <= 1e-4 as the eager fast path. Then the same on
+    a SmolLM2-shaped Llama (no q/k/v bias, tied embeddings, 3 query heads per KV head)."""
     script = Path(__file__).with_name("interpreted_triton.py")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
@@ -27,7 +28,7 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    for key in ("lora_16", "base_16", "lora_3", "base_3"):
+    for key in ("lora_16", "base_16", "lora_3", "base_3", "llama_lora_16", "llama_base_3"):
         assert out[key] <= 1e-4, (key, out)
     hidden_qkv = 128 + 2 * 64  # tiny model: q 128, k and v 64 each
     assert out["spare_rows"] > hidden_qkv  # A went into the weight buffer

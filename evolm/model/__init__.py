@@ -7,6 +7,7 @@ Importing this package loads neither torch nor transformers; ``resolve()`` and
 from __future__ import annotations
 
 from evolm.model.loading import load_causal_lm
+from evolm.model.smollm2 import SmolLM2Model
 from evolm.model.spec import HubModel, ModelSpec, TinyModel
 
-__all__ = ["HubModel", "ModelSpec", "TinyModel", "load_causal_lm"]
+__all__ = ["HubModel", "ModelSpec", "SmolLM2Model", "TinyModel", "load_causal_lm"]

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -183,8 +184,7 @@ class TinyModel:
         return hashlib.sha256(blob).hexdigest()[:12]
 
     def cache_root(self) -> Path:
-        root = self.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
-        return Path(root).expanduser()
+        return cache_root(self.cache_dir)
 
     def model_dir(self) -> Path:
         """Where this spec's model lives (it may not be built yet)."""
@@ -198,14 +198,30 @@ class TinyModel:
         return str(target)
 
 
-def _build_atomically(spec: TinyModel, target: Path) -> None:
-    """Build into a temp dir beside ``target``, then rename; if another process won, keep theirs."""
+def cache_root(cache_dir: str | None) -> Path:
+    """``cache_dir``, else ``$EVOLM_CACHE_DIR``, else ``~/.cache/evolm``."""
+    return Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+
+
+def _build_tiny(spec: TinyModel, out: Path) -> None:
     from evolm.model.tiny import build_tiny_model  # heavy imports only when building
 
+    build_tiny_model(out, spec)
+
+
+def _build_atomically(
+    spec: TinyModel | None, target: Path, build: Callable[[Path], object] | None = None
+) -> None:
+    """Build into a temp dir beside ``target`` with ``build(tmp)`` (None: the tiny model of
+    ``spec``), then rename; if another process won, keep theirs."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        build_tiny_model(tmp, spec)
+        if build is None:
+            assert spec is not None
+            _build_tiny(spec, tmp)
+        else:
+            build(tmp)
         tmp.chmod(0o755)
         try:
             os.rename(tmp, target)
@@ -214,7 +230,7 @@ def _build_atomically(spec: TinyModel, target: Path) -> None:
                 raise
             logger.info("another process built %s first; keeping theirs", target)
         else:
-            logger.info("built tiny model %s", target)
+            logger.info("built %s", target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
