@@ -132,6 +132,11 @@ def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
     return then if _root_.get("resume") else otherwise
 
 
+def plus(a: Any, b: Any) -> int:
+    """``${evolm.plus:${es.population_size},1}``: integer sum (adapter slots = N + 1)."""
+    return int(a) + int(b)
+
+
 def register() -> None:
     """Register the root schema, the lazy group schemas and evolm's resolvers (idempotent)."""
     cs = ConfigStore.instance()
@@ -142,6 +147,7 @@ def register() -> None:
             cs.repo[group] = SchemaGroup(group, entries)
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
+    OmegaConf.register_resolver("evolm.plus", plus, replace=True)
 
 
 register()
