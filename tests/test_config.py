@@ -102,5 +102,6 @@ def test_sglang_adapter_slots_default_to_population_plus_one(tmp_path: Path) -> 
     """server=sglang runs a whole population in one /generate: N adapters + the base model."""
     cfg = compose_config(["server=sglang", "es.population_size=30", f"output_dir={tmp_path}"])
     assert cfg.server.max_loras_per_batch == 31
-    cfg = compose_config(["server=sglang", "server.max_loras_per_batch=9", f"output_dir={tmp_path}"])
+    fixed = ["server=sglang", "server.max_loras_per_batch=9", f"output_dir={tmp_path}"]
+    cfg = compose_config(fixed)
     assert cfg.server.max_loras_per_batch == 9
