@@ -193,6 +193,8 @@ class LocalEngine(Engine):
             self.slots = SlotGenerator(
                 self.fast.model, gpu_memory_utilization=self.gpu_memory_utilization
             )
+            cfg = self.model.config
+            self.slots.name = str(getattr(cfg, "_name_or_path", "") or cfg.model_type)
         elif reason is not None:
             log.info("local engine: HF path (%s)", reason)
 

@@ -126,6 +126,7 @@ class SlotGenerator:
         self.plan: SlotPlan | None = None
         self._asked: tuple[object, ...] = ()
         self.last_timings: dict[str, float] = {}
+        self.name = "the model"  # named in the planner's error
 
     # -- planning ------------------------------------------------------------------------
     def _per_token(self) -> int:
@@ -173,7 +174,7 @@ class SlotGenerator:
         self.workspace = None  # free the old cache before measuring
         prefill = self._prefill_budget() * self._per_token()
         plan = plan_slots(
-            self.shape(lora),
+            self.shape(lora, self.name),
             rows,
             positions,
             greedy,

@@ -110,11 +110,23 @@ def _slot_attention_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok)
 
 
-def slot_attention(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+SLOT_TUNE = {"block_n": 32, "warps": 4, "stages": 3}  # see evolm/bench/slot_tune.py
+
+
+def slot_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sel: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    tune: dict[str, int] | None = None,
+) -> Tensor:
     """Continuous batching's decode attention: ``q [B, kv_heads, g, hd]``; row ``b`` attends
     over positions ``lo[b] <= n < hi[b]`` of cache row ``sel[b]`` of ``k``/``v [C, kv_heads,
     T, hd]`` (no mask tensor: each row streams only its own length). ``[B, kv_heads*g*hd]``."""
     rows, kv_heads, g, hd = q.shape
+    t = tune or SLOT_TUNE
     out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
     g_pad = max(16, triton.next_power_of_2(g))
     _slot_attention_kernel[(rows * kv_heads,)](
@@ -123,8 +135,8 @@ def slot_attention(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, lo: Tensor, hi:
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         kv_heads, hd**-0.5,
-        G=g, G_PAD=g_pad, HD=hd, BLOCK_N=32,
+        G=g, G_PAD=g_pad, HD=hd, BLOCK_N=t["block_n"],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        num_warps=t["warps"], num_stages=t["stages"],
     )  # fmt: skip
     return out.view(rows, -1)
