@@ -267,7 +267,13 @@ def run_evolm_sglang(
     """evolm's ``server=sglang`` engine for one generation: its overhead around /generate."""
     from evolm.server.sglang import SGLangEngine
 
-    engine = SGLangEngine(str(model_dir), pop.layout, url=server.url, self_test=False)
+    engine = SGLangEngine(
+        str(model_dir),
+        pop.layout,
+        url=server.url,
+        self_test=False,
+        max_loras_per_batch=len(pop) + 1,  # what server=sglang now defaults to
+    )
     tok = engine.tokenizer
     texts = tok.batch_decode((ids % len(tok)).tolist(), skip_special_tokens=True)
     sampling = Sampling(max_new_tokens=max_new)

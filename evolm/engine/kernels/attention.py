@@ -110,7 +110,7 @@ def _slot_attention_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok)
 
 
-SLOT_TUNE = {"block_n": 32, "warps": 4, "stages": 3}  # see evolm/bench/slot_tune.py
+SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3}  # H200: 4.0 TB/s (slot_tune)
 
 
 def slot_attention(
