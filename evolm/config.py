@@ -173,6 +173,11 @@ def now(pattern: str) -> str:
     return datetime.fromtimestamp(current().start_time).strftime(pattern)
 
 
+def plus(a: Any, b: Any) -> int:
+    """``${evolm.plus:${es.population_size},1}``: integer sum (adapter slots = N + 1)."""
+    return int(a) + int(b)
+
+
 def register() -> None:
     """Register the root schema, the lazy group schemas and evolm's resolvers (idempotent)."""
     cs = ConfigStore.instance()
@@ -186,6 +191,7 @@ def register() -> None:
     OmegaConf.register_resolver("evolm.run_dir", run_dir, replace=True)
     OmegaConf.register_resolver("evolm.now", now, replace=True, use_cache=True)
     OmegaConf.register_resolver("evolm.at_least_one", lambda n: max(1, int(n)), replace=True)
+    OmegaConf.register_resolver("evolm.plus", plus, replace=True)
 
 
 register()

@@ -14,9 +14,13 @@ the config: ``max_lora_rank >= lora.rank``, lora target modules ⊆ the server's
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from evolm.engine.base import Engine
 from evolm.errors import ConfigError
@@ -25,6 +29,14 @@ from evolm.sampling import Sampling
 from evolm.server.remote import Call, RemoteEngine, ServerError
 
 log = logging.getLogger(__name__)
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
 
 
 class SGLangEngine(RemoteEngine):
@@ -96,6 +108,18 @@ class SGLangEngine(RemoteEngine):
             self_test=self_test,
             max_workers=max_workers,
         )
+
+    def adapter_dtype(self) -> torch.dtype:
+        """The server's dtype (``--dtype``, or the model's own for ``auto``): SGLang casts
+        adapters to it on load, so fp32 files would only double the bytes written and read."""
+        name = self.dtype
+        if name == "auto":
+            try:
+                cfg = json.loads((Path(self.model_path) / "config.json").read_text())
+                name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+            except (OSError, ValueError):
+                name = "float32"
+        return DTYPES.get(name, torch.float32)
 
     def _check_fit(
         self, rank: int, modules: Sequence[str], slots: int, server: str | None = None
