@@ -165,7 +165,7 @@ def test_a_non_finite_mean_aborts_the_run() -> None:
 def write_adapter(run: Path, tensors: dict[str, torch.Tensor] | None, config: str | None) -> Path:
     adapter = run / "adapter"
     adapter.mkdir(parents=True)
-    base = {"r": 2, "target_modules": ["q_proj"], "base_model_name_or_path": "/nowhere"}
+    base = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "base_model_name_or_path": "/x"}
     (adapter / "adapter_config.json").write_text(config if config is not None else json.dumps(base))
     if tensors is not None:
         save_file(tensors, str(adapter / "adapter_model.safetensors"))
