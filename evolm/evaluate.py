@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +23,7 @@ class Evaluation:
     completions: list[list[str]]  # [M][P]
     generate_s: float
     score_s: float
+    comm_s: float = 0.0  # a distributed evaluation's all-gather (and broadcast), in score_s
 
 
 def render(engine: Engine, example: Example) -> str:
@@ -100,15 +101,23 @@ def _evaluate_sharded(
     generated = time.perf_counter()
     if task.row_scores:  # each rank scores its rows; one all-gather of the scores
         local: Scores = task.score([examples[p] for _, p in mine], texts) if mine else {}
-        scores = _merge_scores(comm.gather(local), comm, type(task).__name__)
+        sent = time.perf_counter()
+        parts = comm.gather(local)
+        comm_s = time.perf_counter() - sent
+        scores = _merge_scores(parts, comm, type(task).__name__)
     else:  # the whole population scored at once, as one process does
+        sent = time.perf_counter()
         every = comm.unshard(comm.gather(texts))
+        comm_s = time.perf_counter() - sent
         whole = task.score([examples[p] for _, p in rows], every) if comm.is_main else {}
+        sent = time.perf_counter()
         scores = comm.broadcast(whole)
+        comm_s += time.perf_counter() - sent
     completions = [[""] * n_prompts for _ in range(members)]
     for (m, p), text in zip(mine, texts, strict=True):
         completions[m][p] = text
-    return _evaluation(task, scores, completions, n_prompts, start, generated)
+    ev = _evaluation(task, scores, completions, n_prompts, start, generated)
+    return replace(ev, comm_s=comm_s)
 
 
 def _merge_scores(parts: Sequence[Scores], comm: Comm, task_name: str) -> Scores:

@@ -106,6 +106,7 @@ class GenerationRecord:
     es_s: float
     generation_s: float
     engine_timings: Mapping[str, float] = field(default_factory=dict)
+    comm_s: float | None = None  # distributed runs: all-gather + mean check (None: one process)
 
     def as_record(self) -> Record:
         es = self.es
@@ -128,6 +129,7 @@ class GenerationRecord:
             **{M.engine_time(k): v for k, v in self.engine_timings.items()},
             M.ES_S: self.es_s,
             M.GENERATION_S: self.generation_s,
+            **({} if self.comm_s is None else {M.COMM_S: self.comm_s}),
         }
 
 
@@ -179,8 +181,10 @@ class ESLoop:
         told = time.perf_counter()
         state, stats = self.strategy.tell(state, pop, ev.fitness)
         check_finite_mean(stats.mean_norm, generation, self.strategy)
+        checked = time.perf_counter()
         self.comm.check_same(state.mean, f"the ES mean after generation {generation}")
-        es_s = (sampled - start) + (time.perf_counter() - told)
+        comm_s = ev.comm_s + time.perf_counter() - checked
+        es_s = (sampled - start) + (checked - told)
         record = GenerationRecord(
             generation=generation,
             es=stats,
@@ -191,6 +195,7 @@ class ESLoop:
             es_s=es_s,
             generation_s=time.perf_counter() - start,
             engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
+            comm_s=comm_s if self.comm.world_size > 1 else None,
         )
         return state, record.as_record()
 

@@ -266,6 +266,9 @@ def test_torchrun_equals_one_process_and_resumes_at_any_world_size(tmp_path: Pat
     )
     assert (two / ADAPTER).read_bytes() == (one / ADAPTER).read_bytes()
     assert _records(two) == _records(one)
+    trained = [r for r in read_results(two) if r["generation"] > 0]
+    assert all(0 < r["time/comm_s"] < r["time/generation_s"] for r in trained)
+    assert all("time/comm_s" not in r for r in read_results(one))
     assert sorted(p.name for p in two.glob("rank*.log")) == ["rank1.log"]  # rank 1 writes no more
     assert not (two / ".hydra" / "rank1").exists()
 
