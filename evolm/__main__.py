@@ -1,11 +1,18 @@
 """``python -m evolm`` / ``evolm``: the Hydra app.
 
 python -m evolm task=conciseness es.sigma=0.01 lora.rank=2 es.population_size=16
+
+A run that fails on a known cause logs one message and exits non-zero without a traceback
+(``HYDRA_FULL_ERROR=1`` shows it): bad configuration 2, aborted on purpose 3, a service that
+stays down 4. A run that fails before it started leaves no run directory behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,11 +22,17 @@ from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
 from evolm import sweep  # noqa: F401  (registers the sweep's ${evolm_sweep_seed:...} resolver)
-from evolm.errors import ConfigError, RunAborted
+from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
 from evolm.trust import hydra_whitelist, precheck
 
 log = logging.getLogger("evolm")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+EXIT = {ConfigError: 2, RunAborted: 3, ServiceUnavailable: 4}
+WHAT = {
+    ConfigError: "bad configuration",
+    RunAborted: "run aborted",
+    ServiceUnavailable: "run failed",
+}
 
 
 def main() -> Any:
@@ -42,16 +55,31 @@ def job(cfg: DictConfig) -> float:
 
     try:
         return train(cfg)
-    except ConfigError as e:
-        log.error("bad configuration: %s", e)
-        if in_multirun():
+    except (ConfigError, RunAborted, ServiceUnavailable) as e:
+        kind = next(k for k in EXIT if isinstance(e, k))
+        log.error("%s: %s", WHAT[kind], e)
+        if isinstance(e, ServiceUnavailable) and cfg.resume is None:
+            log.error("its checkpoints are kept: python -m evolm resume=%s", cfg.output_dir)
+        if in_multirun() or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise  # a sweep records the trial as failed and goes on (SystemExit would end it)
-        raise SystemExit(2) from None
-    except RunAborted as e:
-        log.error("run aborted: %s", e)
-        if in_multirun():
-            raise
-        raise SystemExit(3) from None
+        if cfg.resume is None:
+            remove_unstarted(Path(cfg.output_dir))
+        raise SystemExit(EXIT[kind]) from None
+
+
+def remove_unstarted(run_dir: Path) -> None:
+    """Delete the run directory Hydra made for a run that failed before it started: it holds
+    only Hydra's ``.hydra/`` and log files (a started run has its ``config.yaml``)."""
+    if not run_dir.is_dir() or (run_dir / "config.yaml").exists():
+        return
+    if any(p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log.info("removed %s: the run did not start", run_dir)
+    day = run_dir.parent  # outputs/runs/<date>/ (the default hydra.run.dir), if now empty
+    if day.parent.name == "runs":
+        with contextlib.suppress(OSError):  # not empty: another run started meanwhile
+            day.rmdir()
 
 
 if __name__ == "__main__":

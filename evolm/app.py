@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
 from evolm import limits, trust
-from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, latest_checkpoint
+from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, check_shapes, latest_checkpoint
 from evolm.config import Config
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
@@ -87,6 +87,22 @@ def check_run_keys(cfg: DictConfig) -> None:
             f"must be >= 1, got {cfg.eval_every}",
             "e.g. eval_every=10 (the mean is also evaluated at start and end)",
         )
+
+
+def preflight(task: Task) -> None:
+    """The task's check of what it needs outside the process (``Task.preflight``)."""
+    try:
+        task.preflight()
+    except ConfigError as e:
+        raise e.in_group("task") from None
+
+
+def resolve_model(spec: Any) -> str:
+    """The model's path (a hub model must be on disk or downloadable: else a ConfigError)."""
+    try:
+        return str(spec.resolve())
+    except ConfigError as e:
+        raise e.in_group("model") from None
 
 
 def load_layout(model_path: str, spec: LoraSpec) -> LoraLayout:
@@ -250,11 +266,12 @@ def train(cfg: DictConfig) -> float:
     output_dir = Path(cfg.output_dir)
     checkpoint = restore(output_dir, stateful) if resuming else None
 
-    model_path = parts.model_spec.resolve()
+    preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
+    model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
     limits.check_population_memory(layout.numel(), strategy.population_size)
     if checkpoint is not None:
-        limits.check_checkpoint_fits(checkpoint, layout)
+        check_shapes(checkpoint, layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)
     engine = pool.open_engine(  # a multirun's trials share one engine (evolm.server.pool)
         model_path,

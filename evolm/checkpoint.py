@@ -131,6 +131,20 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(f"torch.load failed: {e}") from e
 
 
+def check_shapes(checkpoint: Checkpoint, shapes: list[tuple[int, ...]]) -> None:
+    """The checkpoint's ES mean has the run's LoRA shapes (else: a checkpoint of another rank
+    or model was put into this run): a ConfigError naming the file."""
+    have = [tuple(t.shape) for t in checkpoint.es["mean"]]
+    if have != [tuple(s) for s in shapes]:
+        raise ConfigError(
+            "resume",
+            f"{checkpoint.path} holds {len(have)} LoRA tensors of shapes {have[:2]}..., but this "
+            f"run's config.yaml gives {len(shapes)} of shapes {list(shapes[:2])}... (another "
+            "lora.rank, lora targets or model)",
+            "resume with the checkpoints this run wrote, or move this file away",
+        )
+
+
 def checkpoints(directory: Path) -> list[tuple[int, Path]]:
     """``(generation, path)`` of the checkpoint files in ``directory``, oldest first."""
     if not directory.is_dir():

@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 
-from evolm.errors import ConfigError
-
 log = logging.getLogger(__name__)
 
 DTYPES = {
@@ -107,48 +105,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-REQUIRED = ("r", "target_modules", "base_model_name_or_path")
+def check_finite(tensors: dict[str, torch.Tensor], adapter: Path) -> None:
+    """Refuse an adapter holding NaN or inf (a diverged run): an AdapterError naming the file."""
+    from evolm.lora.peft_io import WEIGHTS_FILE, AdapterError
 
-
-def check_adapter(adapter: Path) -> dict[str, Any]:
-    """The adapter's ``adapter_config.json``, after checking that it and
-    ``adapter_model.safetensors`` are readable and every weight is finite; else a
-    :class:`ConfigError` naming the file."""
-    from safetensors.torch import load_file
-
-    redo = "resume the run to its end (python -m evolm resume=<run dir>) to write it again"
-    path = adapter / "adapter_config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(str(path), f"is not valid JSON ({e})", redo) from None
-    missing = [k for k in REQUIRED if not isinstance(config, dict) or k not in config]
-    if missing:
-        raise ConfigError(str(path), f"is not a LoRA adapter config (lacks {missing})", redo)
-    weights = adapter / "adapter_model.safetensors"
-    try:
-        tensors = load_file(weights)
-    except Exception as e:  # missing, truncated, random bytes: safetensors' own error types
-        raise ConfigError(str(weights), f"cannot be read ({e})", redo) from None
     bad = sorted(k for k, t in tensors.items() if not bool(torch.isfinite(t).all()))
     if bad:
-        raise ConfigError(
-            str(weights),
-            f"holds NaN or inf in {len(bad)} of {len(tensors)} tensors (e.g. {bad[0]}): the run "
-            "diverged",
-            "train again with a smaller es.alpha or es.sigma",
+        raise AdapterError(
+            f"{adapter / WEIGHTS_FILE} holds NaN or inf in {len(bad)} of {len(tensors)} tensors "
+            f"(e.g. {bad[0]}): the run diverged. Fix: train again with a smaller es.alpha or "
+            "es.sigma"
         )
-    return config  # type: ignore[no-any-return]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     adapter = args.run_dir.resolve() / "adapter"
-    try:
-        config = check_adapter(adapter)
-    except ConfigError as e:
-        log.error("cannot export %s: %s", args.run_dir, e)
+    from evolm.lora.peft_io import AdapterError, read_adapter_config, read_adapter_weights
+
+    try:  # a damaged adapter: one message naming the file, before the base model loads
+        config = read_adapter_config(adapter)
+        check_finite(read_adapter_weights(adapter), adapter)
+    except AdapterError as e:
+        log.error("%s", e)
         return 2
     base = args.base or config["base_model_name_or_path"]
     out = (args.out or args.run_dir / "merged").resolve()

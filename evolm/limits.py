@@ -3,20 +3,16 @@
 * The population's adapters must fit in memory: ``es.population_size`` members of
   ``layout.numel()`` fp32 numbers, held about twice (members and their noise) while a generation
   is built, must fit in the memory available now (the GPU's when there is one).
-* A resumed run's checkpoint must match the run's adapter shapes (another rank or model would
-  fail mid-run, after the run's files were touched).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from evolm.errors import ConfigError
-from evolm.lora.layout import LoraLayout
 
 BYTES_PER_NUMBER = 4  # fp32
 COPIES = 2  # members + their noise while ES.sample / ES.tell run
@@ -53,26 +49,4 @@ def check_population_memory(
             f"for the adapters alone, more than the {have / gib:.1f} GiB of {where}",
             "lower es.population_size or lora.rank (or adapt fewer lora.target_modules / "
             "lora.target_layers)",
-        )
-
-
-def check_checkpoint_fits(checkpoint: Any, layout: LoraLayout) -> None:
-    """Refuse a checkpoint whose ES mean has other shapes than ``layout`` (another rank or
-    model), before the resumed run writes anything."""
-    mean = checkpoint.es.get("mean", []) if isinstance(checkpoint.es, dict) else []
-    got = [tuple(t.shape) for t in mean]
-    want = layout.shapes()
-    if got != want:
-        first = next((i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), 0)
-        detail = (
-            f"{len(got)} tensors for {len(want)}"
-            if len(got) != len(want)
-            else f"tensor {first} is {got[first]}, the run's layout (lora.rank={layout.rank}) "
-            f"needs {want[first]}"
-        )
-        raise ConfigError(
-            "resume",
-            f"checkpoint {checkpoint.path} does not fit this run: {detail}",
-            "resume with the checkpoints of this run (same lora.rank, targets and model); "
-            "move foreign files out of checkpoints/",
         )

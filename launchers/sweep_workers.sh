@@ -11,7 +11,8 @@
 # Worker i runs with EVOLM_SWEEP_WORKER=i (its sampler seed differs: no two workers draw the
 # same start-up points) and its own sweep dir outputs/multiruns/<stamp>/worker<i>, its output
 # in worker<i>.out there. Exits non-zero if any worker failed.
-#   PYTHON   interpreter with evolm (default: python)
+#   PYTHON     interpreter with evolm (default: python)
+#   STAGGER_S  seconds between worker starts (default: 2; 0 is safe too)
 set -euo pipefail
 N=${1:?usage: $0 N TRIALS [overrides...]}
 TRIALS=${2:?usage: $0 N TRIALS [overrides...]}
@@ -25,7 +26,9 @@ for ((i = 0; i < N; i++)); do
     hydra.sweeper.n_trials="$TRIALS" hydra.sweep.dir="$ROOT/worker$i" "$@" \
     >"$ROOT/worker$i.out" 2>&1 &
   pids+=($!)
-  sleep 2 # let the first worker create the study, the sqlite tables and the MLflow parent
+  # Workers may start at once: evolm creates a fresh store's tables under a file lock and every
+  # worker finds the one MLflow parent; a short stagger only spreads the model loads.
+  sleep "${STAGGER_S:-2}"
 done
 echo "$N workers, $TRIALS trials each: logs in $ROOT/worker*.out"
 failed=0

@@ -165,7 +165,7 @@ def test_a_non_finite_mean_aborts_the_run() -> None:
 def write_adapter(run: Path, tensors: dict[str, torch.Tensor] | None, config: str | None) -> Path:
     adapter = run / "adapter"
     adapter.mkdir(parents=True)
-    base = {"r": 2, "target_modules": ["q_proj"], "base_model_name_or_path": "/nowhere"}
+    base = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "base_model_name_or_path": "/x"}
     (adapter / "adapter_config.json").write_text(config if config is not None else json.dumps(base))
     if tensors is not None:
         save_file(tensors, str(adapter / "adapter_model.safetensors"))
@@ -176,10 +176,10 @@ def write_adapter(run: Path, tensors: dict[str, torch.Tensor] | None, config: st
     ("case", "message"),
     [
         ("nan", "holds NaN or inf in 1 of 2 tensors"),
-        ("truncated", "adapter_model.safetensors: cannot be read"),
-        ("random", "adapter_model.safetensors: cannot be read"),
-        ("bad-json", "adapter_config.json: is not valid JSON"),
-        ("not-lora", "is not a LoRA adapter config"),
+        ("truncated", "adapter_model.safetensors cannot be read"),
+        ("random", "adapter_model.safetensors cannot be read"),
+        ("bad-json", "adapter_config.json is not valid JSON"),
+        ("not-lora", "is not a PEFT LoRA config"),
     ],
 )
 def test_export_refuses_a_broken_adapter(
@@ -195,7 +195,7 @@ def test_export_refuses_a_broken_adapter(
     elif case == "random":
         weights.write_bytes(os.urandom(256))
     assert export_main([str(tmp_path)]) == 2
-    assert message in caplog.text and "Fix:" in caplog.text
+    assert message in caplog.text
     assert not (tmp_path / "merged").exists()
 
 
@@ -247,7 +247,7 @@ def test_foreign_rank_checkpoint_fails_before_touching_the_run(
     es["mean"] = [torch.zeros(t.shape[0] * 2, t.shape[1]) for t in es["mean"]]  # other shapes
     ck.save_checkpoint(path.parent, ESState.from_state_dict(es), loaded.records, loaded.state)
     results = (run / "results.jsonl").read_bytes()
-    with pytest.raises(ConfigError, match=r"resume: checkpoint .*gen-\d+\.pt does not fit"):
+    with pytest.raises(ConfigError, match=r"resume: .*gen-\d+\.pt holds .* LoRA tensors"):
         train(compose_config([f"resume={run}"]))
     assert (run / "results.jsonl").read_bytes() == results
 

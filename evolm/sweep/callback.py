@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 
 from evolm.errors import ConfigError
 from evolm.sweep import stale
-from evolm.sweep.study import Finished, summarize
+from evolm.sweep.study import Finished, study_counts, summarize
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class SweepCallback(Callback):
         self.parent: Any = None  # evolm.tracking.sweep.SweepRun (mlflow imports lazily)
         self.space: dict[str, str] = {}
         self.own: list[Finished] = []  # the trials this process ran
+        self.first_error: str | None = None  # of the first trial of this process that failed
 
     # -- Hydra hooks -----------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -165,6 +166,8 @@ class SweepCallback(Callback):
         value = None
         if job_return.status is JobStatus.COMPLETED:
             value = _finite(job_return._return_value)  # NaN: optuna records a failure
+        if value is None and self.first_error is None:
+            self.first_error = _error_text(job_return)
         done = Finished(self._params(job_return.overrides or ()), value)
         self.own.append(done)
         self._update(config, pending=done)
@@ -179,15 +182,31 @@ class SweepCallback(Callback):
             POOL.reused,
             LocalEngine.loads,
         )
-        if self.own and all(f.value is None for f in self.own):
-            log.error(
-                "all %d trials of this sweep failed: their errors are in %s/<trial>/*.log",
-                len(self.own),
-                config.hydra.sweep.dir,
-            )
         self._update(config, pending=None)
         if self.parent is not None:
             self.parent.finish()
+        if self.own and all(f.value is None for f in self.own):
+            self._all_failed(config)
+
+    def _all_failed(self, config: DictConfig) -> None:
+        """Every trial of this process failed. If the study holds no completed trial either,
+        Optuna's sweeper would end on ``ValueError: Record does not exist.`` (it asks for the
+        best trial): end the sweep here instead, with evolm's message and exit status 1."""
+        message = (
+            f"all {len(self.own)} trials of this sweep failed (first error: "
+            f"{self.first_error or 'see the logs'}); every trial's log is in "
+            f"{config.hydra.sweep.dir}/<trial>/*.log"
+        )
+        try:
+            complete, _ = study_counts(config.hydra.sweeper)
+        except Exception as e:  # an unreadable study: the sweeper cannot go on either
+            log.warning("could not read the study: %s", e)
+            complete = 0
+        if complete:
+            log.error("%s; the study's best trial is unchanged", message)
+            return
+        log.error("%s. Fix the error above and run the sweep again", message)
+        raise SystemExit(1)
 
     # -- helpers ---------------------------------------------------------------------------
     def _params(self, overrides: Sequence[str]) -> dict[str, Any]:
@@ -209,6 +228,14 @@ class SweepCallback(Callback):
 def _is_sweep(expression: str) -> bool:
     [o] = OverridesParser.create().parse_overrides([f"x={expression}"])
     return o.is_sweep_override()
+
+
+def _error_text(job_return: JobReturn) -> str:
+    """What a finished trial returned instead of a value: its exception, or the value."""
+    value = job_return._return_value
+    if isinstance(value, BaseException):
+        return str(value) or type(value).__name__
+    return f"it returned {value!r}, not a finite number"
 
 
 def _finite(value: object) -> float | None:

@@ -59,6 +59,11 @@ class Task(Protocol):
         ...
 
     # -- optional hooks (no-op defaults) ----------------------------------------------------
+    def preflight(self) -> None:
+        """Called before any model loads: check what the task needs outside this process (a
+        scoring service) and raise :class:`~evolm.errors.ConfigError` naming the key and the
+        fix, so a run that cannot score fails in seconds instead of after the model load."""
+
     def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:
         """Called after each generation's ES update with the mean of every score key over all
         its completions (``{"reward": ..., "cost": ...}``). It may adapt task state (the scorer
