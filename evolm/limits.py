@@ -3,8 +3,6 @@
 * The population's adapters must fit in memory: ``es.population_size`` members of
   ``layout.numel()`` fp32 numbers, held about twice (members and their noise) while a generation
   is built, must fit in the memory available now (the GPU's when there is one).
-* A resumed run's checkpoint must match the run's adapter shapes (another rank or model would
-  fail mid-run, after the run's files were touched).
 """
 
 from __future__ import annotations

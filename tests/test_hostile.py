@@ -195,7 +195,7 @@ def test_export_refuses_a_broken_adapter(
     elif case == "random":
         weights.write_bytes(os.urandom(256))
     assert export_main([str(tmp_path)]) == 2
-    assert message in caplog.text and "Fix:" in caplog.text
+    assert message in caplog.text
     assert not (tmp_path / "merged").exists()
 
 
@@ -247,7 +247,7 @@ def test_foreign_rank_checkpoint_fails_before_touching_the_run(
     es["mean"] = [torch.zeros(t.shape[0] * 2, t.shape[1]) for t in es["mean"]]  # other shapes
     ck.save_checkpoint(path.parent, ESState.from_state_dict(es), loaded.records, loaded.state)
     results = (run / "results.jsonl").read_bytes()
-    with pytest.raises(ConfigError, match=r"resume: checkpoint .*gen-\d+\.pt does not fit"):
+    with pytest.raises(ConfigError, match=r"resume: .*gen-\d+\.pt holds .* LoRA tensors"):
         train(compose_config([f"resume={run}"]))
     assert (run / "results.jsonl").read_bytes() == results
 
