@@ -28,7 +28,8 @@ for step in "$@"; do
   case $kind in
     check) timeout "$t" python3 tests/cuda_slots_check.py | tee "$out/check.json" ;;
     local) timeout "$t" python3 -m evolm.bench --real --shape "$shape" --regimes "$regimes" \
-             --methods "${methods:-continuous,waves}" --json "$out/local-$shape.json" ;;
+             --methods "${methods:-continuous,waves}" --wave-rows "${WAVE_ROWS:-2000}" \
+             --json "$out/local-$shape.json" ;;
     sglang) while [ ! -e /tmp/site/.done ]; do sleep 2; done
             t=$(left); timeout "$t" python3 -m evolm.bench --real --shape "$shape" \
              --regimes "$regimes" --methods "${methods:-sglang}" --sglang-python /tmp/sgpy \
