@@ -159,7 +159,7 @@ def run_local(
         plan = engine.slots.plan
         rec.update(
             slots=plan.slots,
-            budget_gib=(plan.budget + plan.fixed) / 2**30,
+            budget_gib=engine.gpu_memory_utilization * plan.total / 2**30,  # peak stays below
             plan=plan.describe(),
             timings=engine.last_timings,
         )
