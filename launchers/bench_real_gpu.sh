@@ -28,11 +28,12 @@ for step in "$@"; do
   case $kind in
     check) timeout "$t" python3 tests/cuda_slots_check.py | tee "$out/check.json" ;;
     local) timeout "$t" python3 -m evolm.bench --real --shape "$shape" --regimes "$regimes" \
-             --methods "${methods:-continuous,waves}" --json "$out/local-$shape.json" ;;
+             --methods "${methods:-continuous,waves}" --wave-rows "${WAVE_ROWS:-2000}" \
+             --json "$out/local-$shape-${methods:-both}.json" ;;
     sglang) while [ ! -e /tmp/site/.done ]; do sleep 2; done
             t=$(left); timeout "$t" python3 -m evolm.bench --real --shape "$shape" \
              --regimes "$regimes" --methods "${methods:-sglang}" --sglang-python /tmp/sgpy \
-             --json "$out/sglang-$shape.json" ;;
+             --json "$out/sglang-$shape-${methods:-sglang}.json" ;;
   esac
   echo "== $step rc=$?"
 done

@@ -57,6 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", type=int, help="fast path: decode cache bucket (default 32)")
     p.add_argument("--prefill-tokens", type=int, help="fast path: tokens per prefill chunk")
     p.add_argument("--no-graphs", action="store_true", help="fast path: no CUDA graphs")
+    p.add_argument("--batching", default="continuous", help="continuous or waves (older path)")
     p.add_argument("--json", help="write the records here")
     p.add_argument("--markdown", help="write the tables here")
     return p.parse_args(argv)
@@ -102,7 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             fast["graphs"] = False
         records.append(
             run_workload(
-                work, device, methods, args.reps, args.baseline_members, runner, args.profile, fast
+                work,
+                device,
+                methods,
+                args.reps,
+                args.baseline_members,
+                runner,
+                args.profile,
+                fast,
+                args.batching,
             )
         )
         if device.type == "cuda":

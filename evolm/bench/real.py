@@ -159,7 +159,7 @@ def run_local(
         plan = engine.slots.plan
         rec.update(
             slots=plan.slots,
-            budget_gib=(plan.budget + plan.fixed) / 2**30,
+            budget_gib=engine.gpu_memory_utilization * plan.total / 2**30,  # peak stays below
             plan=plan.describe(),
             timings=engine.last_timings,
         )
@@ -191,11 +191,20 @@ def write_adapters(pop: LoraPopulation, folder: Path, dtype: torch.dtype) -> lis
 class SGLangServer:
     """An SGLang server on ``model_dir`` (launched with ``python``), LoRA on, N+1 slots."""
 
-    def __init__(self, python: str, model_dir: Path, rank: int, slots: int, port: int = 30011):
+    def __init__(
+        self,
+        python: str,
+        model_dir: Path,
+        rank: int,
+        slots: int,
+        port: int = 30011,
+        tokenizer: bool = False,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
+        skip = [] if tokenizer else ["--skip-tokenizer-init"]  # evolm's client sends text
         cmd = [
-            python, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port),
+            python, "-m", "sglang.launch_server", "--model-path", str(model_dir), *skip,
+            "--host", "127.0.0.1", "--port", str(port),
             "--enable-lora", "--max-lora-rank", str(rank), "--lora-target-modules", *MODULES,
             "--max-loras-per-batch", str(slots), "--attention-backend", "triton",
             "--sampling-backend", "pytorch",
@@ -361,7 +370,13 @@ def run(
             torch.cuda.empty_cache()
         server = None
         try:
-            server = SGLangServer(sglang_python or "python3", model_dir, 4, sizes.members + 1)
+            server = SGLangServer(
+                sglang_python or "python3",
+                model_dir,
+                4,
+                sizes.members + 1,
+                tokenizer="sglang" not in methods,  # evolm_sglang alone: text prompts
+            )
             for regime in regimes:
                 if "sglang" in methods:
                     budgets = lengths(regime, sizes.rows, sizes.max_new)
