@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.task.base import check_record_size, read_text
+from evolm.task.base import check_record_size, read_jsonl, read_text
 from evolm.task.countdown_reward import format_target, paper_prompt, parse_target
 
 __all__ = ["FIELDS", "generate_puzzle", "generate_puzzles", "load_countdown_json"]
@@ -174,36 +174,10 @@ def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, A
     ``key`` names the config key that pointed here, for error messages.
     """
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(
-            key,
-            f"data file {str(p)!r} does not exist",
-            "point it at a Countdown JSON (array) or JSON-lines file",
-        )
-    text = read_text(p, key)
-    is_array = text.lstrip().startswith("[")
-    chunks = [(1, text)] if is_array else list(enumerate(text.splitlines(), start=1))
-    raw: list[Any] = []
-    for lineno, chunk in chunks:
-        if not chunk.strip():
-            continue
-        if not is_array:
-            check_record_size(chunk, f"{p}:{lineno}", key)
-        try:
-            parsed = json.loads(chunk)
-        except json.JSONDecodeError as e:
-            line = e.lineno if is_array else lineno
-            raise ConfigError(
-                key,
-                f"{p}:{line} is not valid JSON ({e.msg})",
-                "write a JSON array of records or one JSON object per line",
-            ) from None
-        if is_array:
-            raw = parsed  # text starting with "[" that parses is a list
-        else:
-            raw.append(parsed)
-    if not raw:
-        raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
+    text = read_text(p, key) if p.is_file() else ""
+    raw = _read_array(p, text, key) if text.lstrip().startswith("[") else None
+    if raw is None:  # JSON lines (or a missing file): the tasks' common reader and its errors
+        raw = read_jsonl(p, key, required=("numbers", "target"))
     records: list[dict[str, Any]] = []
     for pos, rec in enumerate(raw):
         where = f"{p} record {pos}"
@@ -242,3 +216,18 @@ def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, A
         out["solution"] = rec.get("solution")
         records.append(out)
     return records
+
+
+def _read_array(p: Path, text: str, key: str) -> list[Any]:
+    """The records of a JSON array file (the paper's ``countdown.json``), or ConfigError."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            key,
+            f"{p}:{e.lineno} is not valid JSON ({e.msg})",
+            "write a JSON array of records or one JSON object per line",
+        ) from None
+    if not raw:
+        raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
+    return raw  # type: ignore[no-any-return]
