@@ -122,3 +122,5 @@ def test_generate_rows_equals_the_population_rows(engine: LocalEngine) -> None:
     for shard in (rows[0::2], rows[1::2], rows[5:], [(2, 3), (0, 0), (1, 2)]):
         got = Engine.generate_rows(engine, prompts, pop, shard, sampling, seed=0)
         assert got == [whole[m][p] for m, p in shard]
+        # the engine's own: continuous batching takes the shard's rows in one call
+        assert engine.generate_rows(prompts, pop, shard, sampling, seed=0) == got

@@ -389,3 +389,22 @@ def test_interrupted_run_leaves_no_server_and_no_adapters(
 def _gone(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z"
+
+
+def test_adapters_are_written_in_the_servers_dtype(tiny_model_dir: str) -> None:
+    """A bf16 server gets bf16 adapter files (half the bytes of fp32 to write and to load)."""
+    from safetensors import safe_open
+
+    from evolm.server.staging import AdapterStage
+
+    layout = make_layout(tiny_model_dir)
+    stage = AdapterStage("dtypetest", tiny_model_dir, torch.bfloat16)
+    try:
+        paths = stage.write(1, population(layout, 2), lambda fn, items: [fn(*i) for i in items])
+        files = sorted(Path(paths[0]).glob("*.safetensors"))
+        assert files
+        with safe_open(str(files[0]), "pt") as f:
+            dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118
+        assert dtypes == {torch.bfloat16}
+    finally:
+        stage.close()

@@ -27,7 +27,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evolm.engine.base import Engine, chat_prompt
+from evolm.engine.base import Engine, Row, chat_prompt
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
 from evolm.engine.fast.runner import FastGenerator
@@ -237,6 +237,36 @@ class LocalEngine(Engine):
             )
             out += [texts[m * len(prompts) : (m + 1) * len(prompts)] for m in range(hi - lo)]
         return out
+
+    def generate_rows(
+        self,
+        prompts: Sequence[str],
+        adapters: LoraPopulation | None,
+        rows: Sequence[Row],
+        sampling: Sampling,
+        seed: int,
+    ) -> list[str]:
+        """Completions of the ``(member, prompt)`` pairs ``rows``, in their order. Continuous
+        batching takes rows of any members in any order natively: one call (the waves and HF
+        paths: :meth:`Engine.generate_rows`, grouped by member)."""
+        if not self._continuous:
+            return super().generate_rows(prompts, adapters, rows, sampling, seed)
+        enc = self.tokenizer([prompts[p] for _, p in rows], return_tensors="pt", padding=True)
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        member = torch.tensor([m for m, _ in rows], dtype=torch.long, device=self.device)
+        generator = torch.Generator(self.device).manual_seed(seed)
+        tokens = self.generate_slots(
+            ids,
+            mask,
+            None if adapters is None else member,
+            adapters,
+            [sampling.max_new_tokens] * len(rows),
+            sampling,
+            generator,
+        )
+        return self.tokenizer.batch_decode(
+            strip_after_eos(tokens, self.eos_ids), skip_special_tokens=True
+        )
 
     def generate_ids(
         self,
