@@ -284,7 +284,7 @@ def test_warmed_up_model_answers_verbosely_then_stops(tiny_dir: Path) -> None:
 
 
 # The opt-in countdown warm-up (conf/model/tiny.yaml: countdown_share); built once here.
-COUNTDOWN_WARMUP = {"warmup_steps": 700, "countdown_share": 0.715}
+COUNTDOWN_WARMUP = {"warmup_steps": 800, "countdown_share": 0.75}
 
 
 @pytest.mark.slow
@@ -292,7 +292,7 @@ def test_countdown_warm_up_answers_in_format_then_stops(evolm_cache: Path) -> No
     """With ``countdown_share`` the warm-up trains on evolm's generated puzzles (never the
     task's default test split): on held-out puzzles the model writes
     ``… </think>\n<answer> … </answer>`` and stops at EOS right after it, copying numbers from
-    the prompt into its answer (not yet exactly enough to solve any: see the report)."""
+    the prompt into its answer, and solves a few (2.5% of 200 when measured)."""
     from evolm.task.countdown import Countdown
 
     model, tok = load_causal_lm(
@@ -312,7 +312,8 @@ def test_countdown_warm_up_answers_in_format_then_stops(evolm_cache: Path) -> No
         c.split()[0] == str(e.reference["numbers"][0])
         for c, e in zip(completions, examples, strict=True)
     ]
-    assert sum(copied) >= 0.2 * len(examples), completions[:5]
+    assert sum(copied) >= 0.5 * len(examples), completions[:5]
+    assert sum(scores["accuracy"]) > 0, completions[:5]
 
 
 def test_default_tiny_model_has_no_countdown_warm_up() -> None:
