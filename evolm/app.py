@@ -27,7 +27,7 @@ from evolm.config import Config
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
-from evolm.lora import LoraLayout, LoraSpec, uniform_scales, weight_mean_scales
+from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
 from evolm.server import pool
 from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
@@ -320,7 +320,9 @@ def train(cfg: DictConfig) -> float:
         on_device(ESState.from_state_dict(checkpoint.es), comm)
         if checkpoint is not None
         else strategy.init(
-            initial_mean(layout, lora_spec, scales, cfg.seed, comm.device), cfg.seed, scales
+            initial_mean(layout, lora_spec, scales, cfg.seed, comm.device),
+            cfg.seed,
+            es_scales(lora_spec, scales),  # es.sigma in lora.sigma_units
         )
     )
     loop = make_loop(cfg, parts, engine, layout, comm)

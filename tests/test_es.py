@@ -308,6 +308,24 @@ def test_paper_update_by_hand(antithetic: bool) -> None:
         torch.testing.assert_close(new.mean[t], want)
 
 
+def test_natural_update_steps_in_units_of_sigma() -> None:
+    """update="natural": mean += alpha * sigma * scale_t / N * sum_i z_i s_i eps_i, so the paper's
+    sigma=1e-3, alpha=5e-4 is alpha=0.5 here, and halving sigma halves the step."""
+    fitness = torch.tensor([0.2, 1.5, -0.7, 0.9])
+    paper = ES(population_size=4, sigma=1e-3, alpha=5e-4)
+    natural = ES(population_size=4, sigma=1e-3, alpha=0.5, update="natural")
+    state = _tiny_state(paper, scales=[1.0, 2.0])
+    pop = paper.ask(state)
+    by_paper, _ = paper.tell(state, pop, fitness)
+    by_natural, _ = natural.tell(state, pop, fitness)
+    for a, b in zip(by_paper.mean, by_natural.mean, strict=True):
+        torch.testing.assert_close(a, b)
+    half = dataclasses.replace(natural, sigma=5e-4)
+    by_half, _ = half.tell(state, pop, fitness)
+    for m, full, halved in zip(state.mean, by_natural.mean, by_half.mean, strict=True):
+        torch.testing.assert_close(halved - m, (full - m) / 2)
+
+
 def test_openai_update_by_hand() -> None:
     es = ES(population_size=6, sigma=0.05, alpha=0.01, shaping="centered_ranks", update="openai")
     state = _tiny_state(es)

@@ -13,7 +13,15 @@ from evolm.engine.hf.multilora import load_population
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
-from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, load_adapter, save_adapter
+from evolm.lora import (
+    LoraLayout,
+    LoraPopulation,
+    LoraSpec,
+    LoraTarget,
+    es_scales,
+    load_adapter,
+    save_adapter,
+)
 
 
 def layout_for(model_dir: str, **spec: object) -> tuple[LoraSpec, LoraLayout]:
@@ -29,11 +37,60 @@ def layout_for(model_dir: str, **spec: object) -> tuple[LoraSpec, LoraLayout]:
         ({"init": "kaiming"}, "init"),
         ({"alpha": 0}, "alpha"),
         ({"noise_scale": "huge"}, "noise_scale"),
+        ({"sigma_units": "percent"}, "sigma_units"),
+        ({"init_scale": 0.0}, "init_scale"),  # weight units need A != 0
     ],
 )
 def test_bad_spec_names_the_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}: .*Fix: "):
         LoraSpec(**kwargs)
+
+
+def _member_weight_changes(
+    spec: LoraSpec, sigma: float, layer_scales: list[float]
+) -> tuple[LoraLayout, list[torch.Tensor]]:
+    """``dW = alpha/rank * (B_m A_m - B A)`` of 64 members around the initial mean, per target."""
+    layout = LoraLayout(
+        targets=(LoraTarget(0, "q_proj", 96, 80), LoraTarget(0, "down_proj", 160, 96)),
+        rank=spec.rank,
+        alpha=spec.alpha,
+        num_layers=1,
+    )
+    mean = layout.init_mean(spec, layer_scales, seed=0)
+    es = ES(population_size=64, sigma=sigma)
+    state = es.init(mean, seed=1, scales=es_scales(spec, layer_scales))
+    members = es.sample(state, es.ask(state))
+    changes = []
+    for (_, a, b), (_, a0, b0) in zip(layout.pairs(members), layout.pairs(mean), strict=True):
+        changes.append(spec.scaling * (b @ a - b0 @ a0))
+    return layout, changes
+
+
+@pytest.mark.parametrize("rank", [1, 4, 8])
+def test_weight_units_make_sigma_the_std_of_each_weight_change(rank: int) -> None:
+    """lora.sigma_units=weight: every entry of a member's dW has std es.sigma (zero_b init),
+    whatever the rank, alpha and init_scale; with weight_mean, times the layer's scale."""
+    sigma = 0.001
+    for alpha, init_scale in ((2.0 * rank, 0.1), (1.0, 0.3)):
+        spec = LoraSpec(rank=rank, alpha=alpha, init_scale=init_scale)
+        _, changes = _member_weight_changes(spec, sigma, [1.0] * 4)
+        for dw in changes:
+            assert dw.std().item() == pytest.approx(sigma, rel=0.15)  # one draw of A
+            assert dw.mean().abs().item() < 0.05 * sigma
+    spec = LoraSpec(rank=rank, init_scale=0.1, noise_scale="weight_mean")
+    _, changes = _member_weight_changes(spec, sigma, [0.5, 0.5, 3.0, 3.0])
+    assert [dw.std().item() / sigma for dw in changes] == pytest.approx([0.5, 3.0], rel=0.15)
+
+
+def test_factor_units_are_the_literal_noise_on_the_factors() -> None:
+    spec = LoraSpec(rank=4, alpha=8.0, init_scale=0.1, sigma_units="factor")
+    assert es_scales(spec, [1.0, 1.0, 2.0, 2.0]) == [1.0, 1.0, 2.0, 2.0]
+    weight = LoraSpec(rank=4, alpha=8.0, init_scale=0.1)
+    assert weight.factor_noise_unit == pytest.approx(1 / (2.0 * 2.0 * 0.1))
+    assert es_scales(weight, [1.0, 3.0]) == [weight.factor_noise_unit] * 2
+    _, changes = _member_weight_changes(spec, 0.001, [1.0] * 4)
+    # B's noise is sigma itself: dW = 2 * eps_B @ A has std 2 * 0.001 * sqrt(4) * 0.1
+    assert changes[0].std().item() == pytest.approx(0.0004, rel=0.05)
 
 
 def test_layer_out_of_range_is_a_config_error(tiny_model_dir: str) -> None:

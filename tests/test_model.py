@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
-from evolm.model.spec import CACHE_ENV, _build_atomically
+from evolm.model.spec import CACHE_ENV, TINY_BUILD_VERSION, _build_atomically
 from evolm.model.tiny import build_tiny_model
 
 CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -279,3 +281,49 @@ def test_warmed_up_model_answers_verbosely_then_stops(tiny_dir: Path) -> None:
         assert tok.eos_token_id in row, "an answer never stops"
         lengths.append(len(tok.decode(row[: row.index(tok.eos_token_id)])))
     assert sum(n >= 40 for n in lengths) >= len(lengths) / 2, f"not verbose: {lengths}"
+
+
+# The opt-in countdown warm-up (conf/model/tiny.yaml: countdown_share); built once here.
+COUNTDOWN_WARMUP = {"warmup_steps": 800, "countdown_share": 0.75}
+
+
+@pytest.mark.slow
+def test_countdown_warm_up_answers_in_format_then_stops(evolm_cache: Path) -> None:
+    """With ``countdown_share`` the warm-up trains on evolm's generated puzzles (never the
+    task's default test split): on held-out puzzles the model writes
+    ``… </think>\n<answer> … </answer>`` and stops at EOS right after it, copying numbers from
+    the prompt into its answer, and solves a few (2.5% of 200 when measured)."""
+    from evolm.task.countdown import Countdown
+
+    model, tok = load_causal_lm(
+        TinyModel(**COUNTDOWN_WARMUP).resolve(), device="cpu", dtype=torch.float32
+    )
+    task = Countdown(eval_samples=100)
+    examples = task.eval_examples()
+    enc = tok([str(e.prompt) for e in examples], return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=64, do_sample=False, pad_token_id=tok.pad_token_id)
+    completions = []
+    for row in out[:, enc["input_ids"].shape[1] :].tolist():
+        assert tok.eos_token_id in row, f"an answer never stops: {tok.decode(row)!r}"
+        completions.append(tok.decode(row[: row.index(tok.eos_token_id)]))
+    scores = task.score(examples, completions)
+    assert sum(scores["format_reward"]) / len(examples) >= 0.95, completions[:3]
+    copied = [  # worked answers that start with the puzzle's first number
+        c.split()[0] == str(e.reference["numbers"][0])
+        for c, e in zip(completions, examples, strict=True)
+    ]
+    assert sum(copied) >= 0.5 * len(examples), completions[:5]
+    assert sum(scores["accuracy"]) > 0, completions[:5]
+
+
+def test_default_tiny_model_has_no_countdown_warm_up() -> None:
+    """countdown_share=0 (the default) builds exactly the model built before the option
+    existed: same fingerprint, so caches and the conciseness demo are unchanged."""
+    fields = {f.name: getattr(TinyModel(), f.name) for f in dataclasses.fields(TinyModel)}
+    del fields["cache_dir"], fields["countdown_share"]
+    fields["build_version"] = TINY_BUILD_VERSION
+    blob = json.dumps(fields, sort_keys=True).encode()
+    assert TinyModel().fingerprint() == hashlib.sha256(blob).hexdigest()[:12]
+    assert TinyModel(countdown_share=0.5).fingerprint() != TinyModel().fingerprint()
+    with pytest.raises(ConfigError, match="countdown_share"):
+        TinyModel(countdown_share=1.5)

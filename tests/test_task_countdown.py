@@ -163,3 +163,22 @@ def test_yaml_composes_and_instantiates() -> None:
     task = instantiate(cfg.task, _execution_whitelist_=["evolm.*"])
     assert isinstance(task, Countdown) and len(task.train) == 200
     assert len(task.eval_examples()) == 200 and task.sampling.max_new_tokens == 1024
+
+
+def test_chain_solver_finds_in_order_chains_first() -> None:
+    from evolm.task.countdown_data import chain_expression, solve_chain
+    from evolm.task.countdown_reward import countdown_reward
+
+    assert solve_chain([79, 85, 34], "198") == ([79, 85, 34], "++")
+    assert chain_expression([3, 5, 2], "+*") == "(3 + 5) * 2"
+    assert chain_expression([3, 5, 2, 4], "*+/") == "(3 * 5 + 2) / 4"
+    assert chain_expression([9, 5, 2], "--") == "9 - 5 - 2"
+    assert solve_chain([2, 3, 4], "14") == ([3, 4, 2], "+*")  # no chain in the given order
+    assert solve_chain([1, 2], "7") is None
+    assert solve_chain([5, 3], "-2", any_order=False) is None
+    assert solve_chain([5, 3], "-2") == ([3, 5], "-")
+    for record in generate_puzzles(100, 3):  # every chain found is a correct answer
+        found = solve_chain(record["numbers"], record["target"])
+        if found is not None:
+            answer = f"x </think>\n<answer> {chain_expression(*found)} </answer>"
+            assert countdown_reward(answer, record["numbers"], record["target"])["accuracy"] == 1

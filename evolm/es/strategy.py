@@ -33,7 +33,7 @@ from evolm.es.optim import OPTIMIZERS, ascend, init_opt_state
 from evolm.es.shaping import SHAPINGS
 from evolm.es.state import ESState, Population, TellStats
 
-UPDATES = ("paper", "openai")
+UPDATES = ("paper", "natural", "openai")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,12 @@ class ES:
     ``sigma * scale_t``; the paper rule then steps ``alpha * scale_t / N * sum_i z_i s_i eps_i``
     (along the perturbations) and the openai rule estimates the gradient
     ``sum_i f_i s_i eps_i / (N * sigma * scale_t)``.
+
+    ``update="natural"`` is the paper's rule with the step measured in units of sigma:
+    ``mean += alpha * sigma * scale_t / N * sum_i z_i s_i eps_i`` (the natural-gradient estimate
+    of a Gaussian search distribution, up to a constant). The paper's values (sigma=1e-3,
+    alpha=5e-4) are ``alpha=0.5`` here; unlike the paper's rule, changing ``sigma`` alone keeps
+    the step in proportion to the perturbations.
     """
 
     population_size: int = 30
@@ -63,7 +69,8 @@ class ES:
     shaping: str = "zscore"
     """Fitness shaping: "zscore" (paper) or "centered_ranks" (OpenAI-ES)."""
     update: str = "paper"
-    """"paper": direction = sum_i f_i s_i eps_i / N. "openai": sum_i f_i s_i eps_i / (N sigma)."""
+    """"paper": direction = sum_i f_i s_i eps_i / N. "natural": sigma * sum_i f_i s_i eps_i / N
+    (alpha in units of sigma). "openai": sum_i f_i s_i eps_i / (N sigma)."""
     optimizer: str = "sgd"
     """"sgd" (mean += alpha * direction) or "adam"; both ascend."""
     weight_decay: float = 0.0
@@ -262,13 +269,19 @@ class ES:
             if w != 0.0:
                 acc.add_(fill_member_noise(buf, seed, gen), alpha=w)
         n = self.population_size
-        coefs = [
-            scale / n if self.update == "paper" else 1.0 / (n * self.sigma * scale)
-            for scale in state.scales
-        ]
+        coefs = [_update_coef(self.update, self.sigma, scale, n) for scale in state.scales]
         out = split_noise(acc, [m.shape for m in state.mean])
         torch._foreach_mul_(out, coefs)  # one fused launch per chunk of tensors
         return [d.to(m.device) for m, d in zip(state.mean, out, strict=True)]
+
+
+def _update_coef(update: str, sigma: float, scale: float, n: int) -> float:
+    """What ``sum_i f_i s_i eps_i`` is multiplied by for a tensor of noise ``scale``."""
+    if update == "paper":
+        return scale / n
+    if update == "natural":
+        return sigma * scale / n
+    return 1.0 / (n * sigma * scale)  # openai
 
 
 def _unique_noise(state: ESState, seeds: Sequence[int]) -> Tensor:

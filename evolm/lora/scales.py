@@ -1,4 +1,5 @@
-"""Per-tensor noise scales: uniform, or proportional to the base weights' mean |w| per layer."""
+"""Per-tensor noise scales: uniform, or proportional to the base weights' mean |w| per layer;
+and the multipliers handed to ES, in the units ``lora.sigma_units`` gives ``es.sigma``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from evolm.lora.layout import LoraLayout
+from evolm.lora.spec import LoraSpec
 
 
 def uniform_scales(layout: LoraLayout) -> list[float]:
@@ -33,3 +35,15 @@ def weight_mean_scales(model_dir: str | Path, layout: LoraLayout) -> list[float]
             per_layer[t.layer].append(f.get_tensor(name).float().abs().mean().item())
     layer_scale = {layer: sum(v) / len(v) for layer, v in per_layer.items()}
     return [layer_scale[t.layer] for t in layout.targets for _ in (0, 1)]
+
+
+def es_scales(spec: LoraSpec, layer_scales: list[float]) -> list[float]:
+    """The per-tensor sigma multipliers for :meth:`evolm.es.ES.init`.
+
+    ``factor`` units: the layer scales themselves. ``weight`` units:
+    :attr:`LoraSpec.factor_noise_unit` for every tensor (the layer scale is already in A's
+    init, which sets how far a unit of B noise moves ``dW``: see the property).
+    """
+    if spec.sigma_units == "factor":
+        return list(layer_scales)
+    return [spec.factor_noise_unit] * len(layer_scales)

@@ -15,6 +15,7 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 TARGET_MODULES = ATTENTION_MODULES + MLP_MODULES
 INITS = ("zero_b", "random")
 NOISE_SCALES = ("uniform", "weight_mean")
+SIGMA_UNITS = ("weight", "factor")
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,13 @@ class LoraSpec:
         init: ``zero_b`` (A ~ N(0, init_scale^2), B = 0: the mean starts as the base model) or
             ``random`` (A and B both ~ N(0, init_scale^2), as the seed prototypes did).
         init_scale: std of the initial factors (times the per-layer scale, see ``noise_scale``).
-        noise_scale: ``uniform`` (every tensor perturbed by ``es.sigma``) or ``weight_mean``
-            (layer l's tensors by ``sigma * mean|W_l|`` over its target base weights, seed 000).
+        noise_scale: ``uniform`` (every layer alike) or ``weight_mean`` (layer l's noise times
+            ``mean|W_l|`` over its target base weights, seed 000's rule).
+        sigma_units: what ``es.sigma`` measures. ``weight`` (default): the std of the change
+            each member makes to every entry of an adapted weight, ``dW = alpha/rank * B @ A``,
+            as in full-parameter ES (the paper's sigma): the factors are perturbed by
+            ``sigma * factor_noise_unit`` (see :attr:`factor_noise_unit`). ``factor``: the
+            literal std of the noise added to the factors A and B.
     """
 
     rank: int = 4
@@ -41,6 +47,7 @@ class LoraSpec:
     init: str = "zero_b"
     init_scale: float = 0.01
     noise_scale: str = "uniform"
+    sigma_units: str = "weight"
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -77,9 +84,38 @@ class LoraSpec:
                 "noise_scale", f"unknown {self.noise_scale!r}", f"choose from {list(NOISE_SCALES)}"
             )
 
+        if self.sigma_units not in SIGMA_UNITS:
+            raise ConfigError(
+                "sigma_units", f"unknown {self.sigma_units!r}", f"choose from {list(SIGMA_UNITS)}"
+            )
+        if self.sigma_units == "weight" and self.init_scale == 0:
+            raise ConfigError(
+                "init_scale",
+                "is 0, so no member changes a weight to first order (dW = B eps_A + eps_B A = 0)",
+                "set lora.init_scale > 0, e.g. 0.1",
+            )
+
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
+
+    @property
+    def factor_noise_unit(self) -> float:
+        """Factor noise std per unit of ``es.sigma``.
+
+        ``weight`` units: ``1 / (alpha/rank * sqrt(rank) * init_scale)``. Perturbing B by
+        ``sigma * unit * eps`` changes ``dW`` by ``alpha/rank * sigma * unit * eps @ A``, whose
+        entries (sums of ``rank`` products with A's ``N(0, init_scale^2)`` entries) have std
+        ``sigma`` (to first order: A's own noise, ``sigma * unit``, adds its square to A's
+        variance: 1% more at ``sigma = 0.005`` with the defaults, 12% at 0.02). With
+        ``noise_scale=weight_mean`` A's init, and so ``dW``, carries layer l's ``mean|W_l|``.
+        An input ``x`` then moves by ``|dW x| ~ sigma * sqrt(out) * |x|``, as with the paper's
+        full-rank noise of std sigma.
+        ``factor`` units: 1.
+        """
+        if self.sigma_units == "factor":
+            return 1.0
+        return 1.0 / (self.scaling * math.sqrt(self.rank) * self.init_scale)
 
     def init_tensor(
         self, shape: Sequence[int], is_b: bool, scale: float, generator: torch.Generator

@@ -9,6 +9,7 @@ then stops: a miniature of a verbose instruct model, which is what ES fine-tunin
 from __future__ import annotations
 
 import logging
+import math
 import random
 
 import torch
@@ -16,6 +17,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from evolm.model.corpus import WORDS, build_corpus
+from evolm.model.countdown_docs import countdown_documents
 
 VERBOSE_SHARE = 0.6
 VERBOSE = (
@@ -23,6 +25,13 @@ VERBOSE = (
     "Here is a detailed explanation, with every step written out so that it is easy to follow.",
     "Let me explain this carefully, because the answer depends on a few simple facts.",
 )
+
+COUNTDOWN_BATCH = 16
+COUNTDOWN_SEQ_LEN = 192  # the paper prompt is ~137 tokens, a worked answer ~30-45
+SHORT_SEQ_LEN = 80  # the short prompt is ~30 tokens
+SHORT_BATCH = 32
+SHORT_SEED_OFFSET = 7919
+FULL_PROMPT_EVERY = 3  # every 3rd countdown step uses the task's full prompt, the rest the short
 
 logger = logging.getLogger(__name__)
 
@@ -42,34 +51,117 @@ def documents(tok: Tokenizer, end_id: int, count: int, seq_len: int, seed: int) 
     return rows
 
 
+def qa_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over rows of ``seq_len + 1`` tokens padded with -100."""
+    inputs = batch[:, :-1].clamp(min=0)
+    mask = batch[:, :-1] >= 0
+    logits = model(input_ids=inputs, attention_mask=mask.long()).logits
+    return nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def answer_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the labelled positions only: the LM head (half the compute of this
+    model, with its 2,048-token vocabulary) runs only where ``labels != -100``. Rows are right
+    padded, so causal attention needs no mask."""
+    hidden = model.model(input_ids=inputs).last_hidden_state
+    keep = labels != -100
+    return nn.functional.cross_entropy(model.lm_head(hidden[keep]), labels[keep])
+
+
+def is_countdown_step(step: int, share: float) -> bool:
+    """Whether warm-up ``step`` trains on countdown documents: ``share`` of all steps, spread
+    evenly (step ``s`` is one when ``floor((s + 1) * share) > floor(s * share)``)."""
+    return math.floor((step + 1) * share) > math.floor(step * share)
+
+
+def schedule(plan: list[bool]) -> list[str]:
+    """The kind of every step: the short countdown steps first (copying the numbers forms only
+    in a block of them, not interleaved with other text), then the question/answer steps with
+    every ``FULL_PROMPT_EVERY``-th countdown step on the full prompt spread among them."""
+    n_count = sum(plan)
+    n_full = (n_count + FULL_PROMPT_EVERY - 1) // FULL_PROMPT_EVERY
+    n_short = n_count - n_full
+    # the first n_short countdown slots become the opening block; the rest keep their places
+    kinds = ["short"] * n_short
+    skipped = 0
+    for countdown in plan:
+        if countdown and skipped < n_short:
+            skipped += 1
+            continue
+        kinds.append("full" if countdown else "qa")
+    return kinds
+
+
 def pretrain(
     model: nn.Module,
     tok: Tokenizer,
     end_id: int,
     steps: int,
     seed: int,
+    countdown_share: float = 0.0,
     batch_size: int = 16,
     seq_len: int = 64,
+    countdown_batch_size: int = COUNTDOWN_BATCH,
+    countdown_seq_len: int = COUNTDOWN_SEQ_LEN,
     lr: float = 3e-3,
 ) -> float:
-    """Train ``model`` in place for ``steps`` AdamW steps; returns the final loss."""
+    """Train ``model`` in place for ``steps`` AdamW steps; returns the final loss.
+
+    A ``countdown_share`` of the steps (spread evenly) train on countdown documents
+    (:mod:`evolm.model.countdown_docs`), the others on the question/answer documents.
+    """
     if steps == 0:
         return float("nan")
-    data = documents(tok, end_id, steps * batch_size, seq_len, seed)
+    plan = [is_countdown_step(s, countdown_share) for s in range(steps)]
+    n_count = sum(plan)
+    data = documents(tok, end_id, (steps - n_count) * batch_size, seq_len, seed)
+    n_full = (n_count + FULL_PROMPT_EVERY - 1) // FULL_PROMPT_EVERY
+    batches = {
+        "qa": (data, data, batch_size),  # rows of seq_len + 1, -100 padded: see qa_loss
+        "full": (
+            *countdown_documents(
+                tok, end_id, n_full * countdown_batch_size, countdown_seq_len, seed
+            ),
+            countdown_batch_size,
+        ),
+        "short": (
+            *countdown_documents(
+                tok,
+                end_id,
+                (n_count - n_full) * SHORT_BATCH,
+                SHORT_SEQ_LEN,
+                seed + SHORT_SEED_OFFSET,  # other puzzles than the full-prompt documents'
+                short=True,
+            ),
+            SHORT_BATCH,
+        ),
+    }
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    kinds = schedule(plan)
+    n_short = kinds.count("short")
     loss = torch.tensor(float("nan"))
-    for step in range(steps):
-        batch = data[step * batch_size : (step + 1) * batch_size]
-        inputs = batch[:, :-1].clamp(min=0)
-        mask = batch[:, :-1] >= 0
-        logits = model(input_ids=inputs, attention_mask=mask.long()).logits
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+    used = dict.fromkeys(batches, 0)
+    # two phases, each with its own one-cycle schedule: the short countdown block, then the rest
+    for phase in (kinds[:n_short], kinds[n_short:]):
+        if not phase:
+            continue
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=len(phase))
+        for kind in phase:
+            inputs, labels, size = batches[kind]
+            k = used[kind]
+            used[kind] += 1
+            x, y = inputs[k * size : (k + 1) * size], labels[k * size : (k + 1) * size]
+            loss = qa_loss(model, x) if kind == "qa" else answer_loss(model, x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
     model.eval()
-    logger.info("tiny model warm-up: %d steps, final loss %.3f", steps, loss.item())
+    logger.info(
+        "tiny model warm-up: %d steps (%d on countdown), final loss %.3f",
+        steps,
+        n_count,
+        loss.item(),
+    )
     return loss.item()

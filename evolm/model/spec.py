@@ -125,6 +125,7 @@ class TinyModel:
     max_position_embeddings: int = 1024
     seed: int = 0
     warmup_steps: int = 200
+    countdown_share: float = 0.0
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -137,6 +138,12 @@ class TinyModel:
                 "warmup_steps",
                 f"must be >= 0, got {self.warmup_steps}",
                 "use 0 for pure random weights",
+            )
+        if not 0.0 <= self.countdown_share <= 1.0:
+            raise ConfigError(
+                "countdown_share",
+                f"must be in [0, 1], got {self.countdown_share}",
+                "e.g. 0.5 (half the warm-up steps on countdown), 0 for none",
             )
         if self.vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(
@@ -179,6 +186,8 @@ class TinyModel:
         """A short hash of every field that shapes the files (all but ``cache_dir``)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del fields["cache_dir"]
+        if not self.countdown_share:  # no countdown warm-up: the same files as before it existed
+            del fields["countdown_share"]
         fields["build_version"] = TINY_BUILD_VERSION
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

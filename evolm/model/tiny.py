@@ -36,6 +36,7 @@ class TinyArch(Protocol):
     max_position_embeddings: int
     seed: int
     warmup_steps: int
+    countdown_share: float
 
 
 def qwen2_config(spec: TinyArch, bos_id: int, eos_id: int, pad_id: int) -> Qwen2Config:
@@ -74,7 +75,14 @@ def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyArch
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
-            pretrain(model, tok, end_id, spec.warmup_steps, seed=spec.seed)
+            pretrain(
+                model,
+                tok,
+                end_id,
+                spec.warmup_steps,
+                seed=spec.seed,
+                countdown_share=spec.countdown_share,
+            )
     finally:
         torch.set_num_threads(threads)
 

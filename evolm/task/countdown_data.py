@@ -7,17 +7,26 @@ is written from scratch; it shares nothing with the paper's (non-commercial) dat
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.task.base import check_record_size, read_jsonl, read_text
-from evolm.task.countdown_reward import format_target, paper_prompt, parse_target
+from evolm.task.countdown_reward import TOLERANCE, format_target, paper_prompt, parse_target
 
-__all__ = ["FIELDS", "generate_puzzle", "generate_puzzles", "load_countdown_json"]
+__all__ = [
+    "FIELDS",
+    "chain_expression",
+    "generate_puzzle",
+    "generate_puzzles",
+    "load_countdown_json",
+    "solve_chain",
+]
 
 FIELDS = ("id", "context", "numbers", "target", "solution")
 """The fields of every Countdown record."""
@@ -29,6 +38,16 @@ _MAX_ATTEMPTS = 10_000
 def _check(ok: bool, key: str, problem: str, fix: str) -> None:
     if not ok:
         raise ConfigError(key, problem, fix)
+
+
+def _apply(a: Fraction, op: str, b: Fraction) -> Fraction | None:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return None if b == 0 else a / b
 
 
 def _try_tree(
@@ -48,21 +67,55 @@ def _try_tree(
         i, j = rng.sample(range(len(pool)), 2)  # ordered: the left operand is pool[i]
         (a, a_text), (b, b_text) = pool[i], pool[j]
         op = rng.choice(_OPS)
-        if op == "+":
-            value = a + b
-        elif op == "-":
-            value = a - b
-        elif op == "*":
-            value = a * b
-        else:
-            if b == 0:
-                return None
-            value = a / b
+        value = _apply(a, op, b)
+        if value is None:
+            return None
         if abs(value) > max_intermediate or value.denominator > max_denominator:
             return None
         pool = [p for k, p in enumerate(pool) if k not in (i, j)]
         pool.append((value, f"({a_text} {op} {b_text})"))
     return pool[0]
+
+
+def chain_expression(numbers: Sequence[int], ops: Sequence[str]) -> str:
+    """``numbers`` combined left to right by ``ops``, with only the parentheses precedence needs:
+    ``chain_expression([3, 5, 2], "+*")`` is ``"(3 + 5) * 2"``."""
+    text, low = str(numbers[0]), False  # low: the text so far ends in a + or - at top level
+    for op, x in zip(ops, numbers[1:], strict=True):
+        if op in "*/" and low:
+            text = f"({text})"
+        text, low = f"{text} {op} {x}", op in "+-"
+    return text
+
+
+def solve_chain(
+    numbers: Sequence[int], target: str | int | float | Fraction, *, any_order: bool = True
+) -> tuple[list[int], str] | None:
+    """The first left-to-right chain over ``numbers`` that equals ``target``, or ``None``.
+
+    Chains combine the numbers in the given order first (operators tried in the order
+    ``+ - * /`` for each position), then, with ``any_order``, in every other order of the
+    numbers (``itertools.permutations`` order). Returns ``(ordered numbers, operators)``, e.g.
+    ``([79, 85, 34], "++")``; :func:`chain_expression` writes it out. Exact arithmetic, so a
+    chain is found iff one is within the reward's tolerance of the target; not every solvable
+    puzzle has a chain (``((a + b) * (c + d))`` is not one).
+    """
+    goal = parse_target(format_target(target)) if not isinstance(target, Fraction) else target
+    orders = itertools.permutations(numbers) if any_order else iter([tuple(numbers)])
+    seen: set[tuple[int, ...]] = set()
+    for order in orders:
+        if order in seen:
+            continue
+        seen.add(order)
+        for ops in itertools.product(_OPS, repeat=len(order) - 1):
+            value: Fraction | None = Fraction(order[0])
+            for op, x in zip(ops, order[1:], strict=True):
+                value = _apply(value, op, Fraction(x))
+                if value is None:
+                    break
+            if value is not None and abs(value - goal) < TOLERANCE:
+                return list(order), "".join(ops)
+    return None
 
 
 def generate_puzzle(

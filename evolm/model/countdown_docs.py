@@ -1,0 +1,92 @@
+"""Countdown warm-up documents for the tiny model, from evolm's own generator and chain solver.
+
+A document is the task's verbatim prompt (:func:`~evolm.task.countdown_reward.paper_prompt`,
+which ends with ``<think>``) followed by a worked answer in the format the reward asks for, then
+the end token::
+
+    ...step.\\n<think> 79 + 85 + 34 = 198 </think>\\n<answer> 79 + 85 + 34 </answer><|im_end|>
+
+Only puzzles whose numbers combine left to right in the given order are used (about 60% of
+generated ones); the answer is the first such chain
+:func:`~evolm.task.countdown_data.solve_chain` finds (operators tried ``+ - * /``): a short,
+regular form a 2-layer model can imitate (copy the numbers in order, pick operators).
+Puzzles come from
+:func:`~evolm.task.countdown_data.generate_puzzles` with seeds far from the task's default
+seed, so the task's held-out split is not trained on. Only the answer tokens are trained (the
+prompt's labels are -100). Most documents use a short prompt (:func:`short_prompt`): copying
+numbers is what a tiny model learns slowest, and short documents teach it at a fraction of the
+compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from tokenizers import Tokenizer
+
+from evolm.task.countdown_data import chain_expression, generate_puzzles, solve_chain
+from evolm.task.countdown_reward import paper_prompt
+
+PUZZLE_SEED_OFFSET = 1_000_003
+"""Warm-up puzzles use ``generate_puzzles(..., seed=PUZZLE_SEED_OFFSET + seed)``: not the
+task's default seed (0), so the default held-out puzzles are never seen in the warm-up."""
+
+IGNORE = -100
+
+
+def completion(numbers: list[int], ops: str, target: str) -> str:
+    """The worked answer after the prompt's ``<think>``: the chain, its value, then the answer."""
+    expr = chain_expression(numbers, ops)
+    return f" {expr} = {target} </think>\n<answer> {expr} </answer>"
+
+
+def short_prompt(prompt: str) -> str:
+    """The paper prompt's puzzle sentence alone, then its ending ``\n<think>``: ``Using the
+    numbers [..], create an equation that equals T.\n<think>``."""
+    start = prompt.index("Using the numbers")
+    middle = prompt.index(" You can use basic")
+    return prompt[start:middle] + "\n<think>"
+
+
+def worked_puzzles(count: int, seed: int, short: bool = False) -> Iterator[tuple[str, str]]:
+    """``count`` (prompt, completion) pairs of generated puzzles that have an in-order chain
+    solution; ``short`` gives the :func:`short_prompt`."""
+    made = 0
+    batch = 0
+    while made < count:
+        for record in generate_puzzles(max(64, count), PUZZLE_SEED_OFFSET + seed + batch):
+            chain = solve_chain(record["numbers"], record["target"], any_order=False)
+            if chain is None:
+                continue
+            prompt = paper_prompt(record["numbers"], record["target"])
+            prompt = short_prompt(prompt) if short else prompt
+            yield prompt, completion(chain[0], chain[1], record["target"])
+            made += 1
+            if made == count:
+                return
+        batch += 1
+
+
+def countdown_documents(
+    tok: Tokenizer, end_id: int, count: int, seq_len: int, seed: int, short: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs, labels)``, each ``[count, seq_len]``: prompt + worked answer + end token.
+
+    ``short`` documents drop the prompt's constant instructions (:func:`short_prompt`): at
+    less than half the length they teach copying the numbers and the target at twice the
+    pace; the full-prompt documents carry the skill over to the task's prompt.
+    ``inputs`` is padded with ``end_id`` (masked out by the labels); ``labels[i, t]`` is the
+    token at ``t + 1`` for answer positions and -100 for the prompt and the padding.
+    """
+    inputs = torch.full((count, seq_len), end_id, dtype=torch.long)
+    labels = torch.full((count, seq_len), IGNORE, dtype=torch.long)
+    for i, (prompt, answer) in enumerate(worked_puzzles(count, seed, short)):
+        p, a = tok.encode(prompt).ids, [*tok.encode(answer).ids, end_id]
+        ids = (p + a)[: seq_len + 1]
+        n = len(ids) - 1
+        inputs[i, :n] = torch.tensor(ids[:-1])
+        target = torch.tensor(ids[1:])
+        target[: len(p) - 1] = IGNORE  # predict only the answer (and the end token)
+        labels[i, :n] = target
+    return inputs, labels
