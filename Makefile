@@ -57,3 +57,9 @@ bench: install ## Time one population evaluation (CPU: tiny; GPU: 0.5B + 7B shap
 .PHONY: sweep
 sweep: install ## Optuna sweep of sigma, alpha, init_scale, rank; again = more trials. SWEEP_ARGS=...
 	$(PY) -m evolm -m hparams_search=es_optuna $(SWEEP_ARGS)
+
+.PHONY: notebook
+notebook: install ## Execute notebooks/analysis.ipynb headless on outputs/mlflow.db -> outputs/analysis.ipynb
+	mkdir -p outputs
+	cp notebooks/analysis.ipynb outputs/analysis.ipynb
+	cd outputs && ../$(VENV)/bin/jupyter execute --inplace analysis.ipynb

@@ -1,41 +1,111 @@
 """``python -m evolm`` / ``evolm``: the Hydra app.
 
 python -m evolm task=conciseness es.sigma=0.01 lora.rank=2 es.population_size=16
+
+A run that fails on a known cause logs one message and exits non-zero without a traceback
+(``HYDRA_FULL_ERROR=1`` shows it): bad configuration 2, aborted on purpose 3, a service that
+stays down 4. A run that fails before it started leaves no run directory behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
-from evolm import sweep  # noqa: F401  (registers the sweep's ${evolm_sweep_seed:...} resolver)
-from evolm.errors import ConfigError, RunAborted
+from evolm import dist, sweep  # noqa: F401  (sweep registers its ${evolm_sweep_seed:...} resolver)
+from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
+from evolm.trust import hydra_whitelist, precheck
 
 log = logging.getLogger("evolm")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+EXIT = {ConfigError: 2, RunAborted: 3, ServiceUnavailable: 4}
+WHAT = {
+    ConfigError: "bad configuration",
+    RunAborted: "run aborted",
+    ServiceUnavailable: "run failed",
+}
 
 
-@hydra.main(config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> float:
+def job(cfg: DictConfig) -> float:
+    """One Hydra job: a training run (a sweep's trial too)."""
     from evolm.app import train
     from evolm.server.pool import in_multirun
 
+    joined = False
+    if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
+        dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
+        joined = True
     try:
         return train(cfg)
-    except ConfigError as e:
-        log.error("bad configuration: %s", e)
-        if in_multirun():
+    except (ConfigError, RunAborted, ServiceUnavailable) as e:
+        kind = next(k for k in EXIT if isinstance(e, k))
+        log.error("%s: %s", WHAT[kind], e)
+        if isinstance(e, ServiceUnavailable) and cfg.resume is None:
+            log.error("its checkpoints are kept: python -m evolm resume=%s", cfg.output_dir)
+        if in_multirun() or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise  # a sweep records the trial as failed and goes on (SystemExit would end it)
+        if cfg.resume is None and dist.current().rank == 0:
+            remove_unstarted(Path(cfg.output_dir))
+        raise SystemExit(EXIT[kind]) from None
+    finally:
+        if joined:
+            dist.teardown()
+
+
+def remove_unstarted(run_dir: Path) -> None:
+    """Delete the run directory Hydra made for a run that failed before it started: it holds
+    only Hydra's ``.hydra/`` and log files (a started run has its ``config.yaml``)."""
+    if not run_dir.is_dir() or (run_dir / "config.yaml").exists():
+        return
+    if any(p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log.info("removed %s: the run did not start", run_dir)
+    day = run_dir.parent  # outputs/runs/<date>/ (the default hydra.run.dir), if now empty
+    if day.parent.name == "runs":
+        with contextlib.suppress(OSError):  # not empty: another run started meanwhile
+            day.rmdir()
+
+
+def main() -> None:
+    """The CLI. Hydra instantiates only targets of the trust list (:mod:`evolm.trust`): its
+    callbacks, sweeper sampler and logging factories included. Launched by torchrun or SLURM
+    with several processes, it joins the process group first (:mod:`evolm.dist`), so every rank
+    shares rank 0's clock (``${evolm.now:...}``: one run directory)."""
+    argv = sys.argv[1:]
+    try:
+        whitelist = hydra_whitelist(argv)
+        precheck(argv, whitelist)
+    except ConfigError as e:
+        sys.stderr.write(f"bad configuration: {e}\n")  # before Hydra sets up logging
         raise SystemExit(2) from None
-    except RunAborted as e:
-        log.error("run aborted: %s", e)
-        if in_multirun():
-            raise
-        raise SystemExit(3) from None
+    launch = dist.launch_env()
+    if launch.world_size > 1:
+        if any(a in ("-m", "--multirun") for a in argv) and launch.source == "torchrun":
+            sys.stderr.write(
+                "bad configuration: -m under torchrun: every rank would run its own sweeper. "
+                "Fix: one sweep worker per GPU (launchers/sweep_workers.sh, docs/distributed.md)\n"
+            )
+            raise SystemExit(2)
+        dist.setup()
+        if launch.rank > 0:  # the run directory and its .hydra/ and log file are rank 0's
+            sys.argv += [
+                "hydra.output_subdir=null",
+                "hydra.job_logging.handlers.file.filename="
+                f"${{hydra.runtime.output_dir}}/rank{launch.rank}.log",
+            ]
+    try:
+        hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=whitelist)(job)()
+    finally:
+        dist.teardown()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
-from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, latest_checkpoint
+from evolm import dist, limits, trust
+from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, check_shapes, latest_checkpoint
+from evolm.config import Config
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
@@ -46,16 +49,21 @@ class Builder:
             return hydra.utils.instantiate(node, _execution_whitelist_=list(self.trusted), **kwargs)
         except ConfigError as e:
             raise e.in_group(group) from None
+        except TypeError as e:  # `+es.sigm=0.1`: an argument the constructor does not take
+            if not re.search(r"unexpected keyword argument|missing \d+ required", str(e)):
+                raise
+            raise self._explain(group, node, hydra.errors.InstantiationException(e)) from None
         except hydra.errors.InstantiationException as e:
             raise self._explain(group, node, e) from None
 
     def _explain(self, group: str, node: Any, e: Exception) -> Exception:
-        cause = e.__cause__
+        cause = e.__cause__ or (e.args[0] if e.args else None)
         if isinstance(cause, ConfigError):
             return cause.in_group(group)
         if isinstance(cause, TypeError) and "argument" in str(cause):
+            named = re.search(r"argument '(\w+)'", str(cause))
             return ConfigError(
-                group,
+                f"{group}.{named.group(1)}" if named else group,
                 str(cause),
                 f"check {group}'s keys: `python -m evolm --cfg job --package {group}` shows them",
             )
@@ -81,6 +89,22 @@ def check_run_keys(cfg: DictConfig) -> None:
         )
 
 
+def preflight(task: Task) -> None:
+    """The task's check of what it needs outside the process (``Task.preflight``)."""
+    try:
+        task.preflight()
+    except ConfigError as e:
+        raise e.in_group("task") from None
+
+
+def resolve_model(spec: Any) -> str:
+    """The model's path (a hub model must be on disk or downloadable: else a ConfigError)."""
+    try:
+        return str(spec.resolve())
+    except ConfigError as e:
+        raise e.in_group("model") from None
+
+
 def load_layout(model_path: str, spec: LoraSpec) -> LoraLayout:
     try:
         return LoraLayout.from_hf_config(AutoConfig.from_pretrained(model_path), spec)
@@ -98,28 +122,60 @@ def noise_scales(spec: LoraSpec, model_path: str, layout: LoraLayout) -> list[fl
     return weight_mean_scales(model_path, layout)
 
 
-def resumed_config(cfg: DictConfig) -> DictConfig:
+def resumed_config(
+    cfg: DictConfig, trusted: tuple[str, ...] = trust.DEFAULT, comm: dist.Comm = dist.SINGLE
+) -> DictConfig:
     """The resolved ``config.yaml`` of the run ``cfg.resume``, which continues exactly as it was
-    configured: other command-line overrides are rejected (they would change the run)."""
+    configured: other command-line overrides (but ``trusted_targets``) are rejected (they would
+    change the run). The file is data: its ``_target_`` s must be in ``trusted`` (the command
+    line's trust list, not the file's). In a process group rank 0 reads it and sends it to the
+    others (their nodes need not see it)."""
     run_dir = Path(cfg.resume).expanduser()
     path = run_dir / "config.yaml"
-    if not path.is_file():
+    text = comm.broadcast(
+        path.read_text(errors="replace") if comm.is_main and path.is_file() else None
+    )
+    if text is None:
         raise ConfigError(
             "resume",
             f"{str(path)!r} does not exist",
             "point resume at a run directory, e.g. resume=outputs/runs/2026-11-21/07-15-13",
         )
     task_overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    others = [o for o in task_overrides if o.lstrip("+~").split("=", 1)[0] != "resume"]
+    keep = ("resume", trust.KEY)
+    others = [o for o in task_overrides if o.lstrip("+~").split("=", 1)[0] not in keep]
     if others:
         raise ConfigError(
             "resume",
             f"{others} would change the run being resumed (it continues as {path} says)",
             f"drop them: python -m evolm resume={cfg.resume}, or start a new run with them",
         )
-    resumed = OmegaConf.load(path)
+    resumed = load_run_config(path, text)
     resumed.output_dir = str(run_dir.resolve())  # the run continues where it is now
-    return resumed  # type: ignore[return-value]
+    resumed.trusted_targets = list(trusted)
+    trust.check_config_targets(resumed, trusted, str(path))
+    return resumed
+
+
+def load_run_config(path: Path, text: str | None = None) -> DictConfig:
+    """A run's ``config.yaml`` (its ``text`` when already read), checked against the root
+    schema, or ConfigError naming it."""
+    fix = "resume a run directory written by evolm, or restore its config.yaml from a copy"
+    try:
+        loaded = OmegaConf.create(path.read_text(errors="replace") if text is None else text)
+    except Exception as e:  # YAML syntax, bad encoding
+        problem = f"{path} is not valid YAML ({str(e).splitlines()[0]})"
+        raise ConfigError("resume", problem, fix) from None
+    groups = ("task", "model", "lora", "es", "server")
+    missing = [g for g in groups if isinstance(loaded, DictConfig) and g not in loaded]
+    if not isinstance(loaded, DictConfig) or missing:
+        what = f"lacks {missing}" if isinstance(loaded, DictConfig) else "is empty or not a map"
+        raise ConfigError("resume", f"{path} {what}: it is not an evolm run config", fix)
+    try:
+        OmegaConf.merge(OmegaConf.structured(Config), loaded)
+    except Exception as e:  # unknown root key, wrong type
+        raise ConfigError("resume", f"{path}: {str(e).splitlines()[0]}", fix) from None
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -160,10 +216,15 @@ def build_parts(build: Builder, cfg: DictConfig) -> Parts:
     )
 
 
-def restore(run_dir: Path, stateful: dict[str, Stateful]) -> Checkpoint | None:
+def restore(
+    run_dir: Path, stateful: dict[str, Stateful], comm: dist.Comm = dist.SINGLE
+) -> Checkpoint | None:
     """The run's latest valid checkpoint, with its task and callback state loaded into
-    ``stateful``; None (start again from generation 0) when there is none."""
-    checkpoint = latest_checkpoint(run_dir / CHECKPOINT_DIR)
+    ``stateful``; None (start again from generation 0) when there is none. In a process group
+    rank 0 reads it and sends it to every rank (any world size resumes any checkpoint)."""
+    checkpoint = comm.broadcast(
+        latest_checkpoint(run_dir / CHECKPOINT_DIR) if comm.is_main else None
+    )
     if checkpoint is None:
         log.warning("%s holds no usable checkpoint: the run starts again at generation 0", run_dir)
         return None
@@ -178,7 +239,9 @@ def restore(run_dir: Path, stateful: dict[str, Stateful]) -> Checkpoint | None:
     return checkpoint
 
 
-def make_loop(cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout) -> ESLoop:
+def make_loop(
+    cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout, comm: dist.Comm = dist.SINGLE
+) -> ESLoop:
     log.info(
         "ES over %d LoRA parameters (%d targets, rank %d), population %d, %d generations",
         layout.numel(),
@@ -195,26 +258,44 @@ def make_loop(cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout) ->
         generations=cfg.generations,
         eval_every=cfg.eval_every,
         seed=cfg.seed,
-        callbacks=[AdapterWriter(), *parts.callbacks.values()],  # adapter first: loggers upload it
+        callbacks=run_callbacks(parts, comm),
+        comm=comm,
     )
+
+
+def run_callbacks(parts: Parts, comm: dist.Comm) -> list[Callback]:
+    """The final adapter writer (first: loggers upload it) and the configured callbacks; on
+    ranks other than 0 only the callbacks marked ``every_rank`` (nothing that writes)."""
+    if comm.is_main:
+        return [AdapterWriter(), *parts.callbacks.values()]
+    return [cb for cb in parts.callbacks.values() if cb.every_rank]
 
 
 def train(cfg: DictConfig) -> float:
     """Run one ES fine-tuning job described by ``cfg``, or continue the run ``cfg.resume``
     from its latest valid checkpoint; returns ``cfg.optimized_metric``."""
+    comm = dist.current()  # joined by evolm.__main__ under torchrun/SLURM; else one process
     resuming = cfg.resume is not None
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    trusted = trust.job_trusted(cfg, overrides)
     if resuming:
-        cfg = resumed_config(cfg)
+        cfg = resumed_config(cfg, trusted, comm)
+    else:
+        trust.check_config_targets(cfg, trusted, "the config files and command line")
     check_run_keys(cfg)
-    build = Builder(tuple(cfg.trusted_targets))
+    build = Builder(trusted)
     parts = build_parts(build, cfg)
     lora_spec, strategy, make_engine = parts.lora_spec, parts.strategy, parts.make_engine
     stateful = parts.stateful
     output_dir = Path(cfg.output_dir)
-    checkpoint = restore(output_dir, stateful) if resuming else None
+    checkpoint = restore(output_dir, stateful, comm) if resuming else None
 
-    model_path = parts.model_spec.resolve()
+    preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
+    model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
+    limits.check_population_memory(layout.numel(), strategy.population_size)
+    if checkpoint is not None:
+        check_shapes(checkpoint, layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)
     engine = pool.open_engine(  # a multirun's trials share one engine (evolm.server.pool)
         model_path,
@@ -224,7 +305,7 @@ def train(cfg: DictConfig) -> float:
     )
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    if not resuming:
+    if not resuming and comm.is_main:
         (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     ctx = RunContext(
         output_dir=output_dir,
@@ -236,11 +317,13 @@ def train(cfg: DictConfig) -> float:
         stateful=stateful,
     )
     state = (
-        ESState.from_state_dict(checkpoint.es)
+        on_device(ESState.from_state_dict(checkpoint.es), comm)
         if checkpoint is not None
-        else strategy.init(initial_mean(layout, lora_spec, scales, cfg.seed), cfg.seed, scales)
+        else strategy.init(
+            initial_mean(layout, lora_spec, scales, cfg.seed, comm.device), cfg.seed, scales
+        )
     )
-    loop = make_loop(cfg, parts, engine, layout)
+    loop = make_loop(cfg, parts, engine, layout, comm)
     try:
         state, summary = loop.run(state, ctx)
     finally:
@@ -249,12 +332,25 @@ def train(cfg: DictConfig) -> float:
 
 
 def initial_mean(
-    layout: LoraLayout, spec: LoraSpec, scales: list[float], seed: int
+    layout: LoraLayout,
+    spec: LoraSpec,
+    scales: list[float],
+    seed: int,
+    device: torch.device | None = None,
 ) -> list[torch.Tensor]:
-    """The initial ES mean, on the GPU when there is one: noise is then drawn where it is used
-    (the CPU and CUDA generators differ, so a GPU run's noise differs from a CPU run's)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    """The initial ES mean, on the GPU when there is one (this rank's in a process group):
+    noise is then drawn where it is used (the CPU and CUDA generators differ, so a GPU run's
+    noise differs from a CPU run's)."""
+    device = device or dist.SINGLE.device
     return [m.to(device) for m in layout.init_mean(spec, scales, seed)]
+
+
+def on_device(state: ESState, comm: dist.Comm) -> ESState:
+    """A restored ES state whose noise is drawn on this rank's device when the checkpoint's
+    noise device is of the same kind (``cuda:0``'s checkpoint resumed on rank 3: ``cuda:3``)."""
+    if comm.world_size > 1 and torch.device(state.noise_device).type == comm.device.type:
+        state.noise_device = str(comm.device)
+    return state
 
 
 def metric(summary: dict[str, Any], name: str) -> float:

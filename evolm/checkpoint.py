@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from evolm.errors import ConfigError
+from evolm.errors import ConfigError, RunAborted
 from evolm.es import ESState
 from evolm.loop import Callback, Record, RunContext
 
@@ -69,11 +69,15 @@ def _digest_path(path: Path) -> Path:
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the folder."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, interrupted: leave no partial file behind
+        tmp.unlink(missing_ok=True)
+        raise
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -97,9 +101,13 @@ def save_checkpoint(
     data = buffer.getvalue()
     directory.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, state.generation)
-    atomic_write(path, data)
     digest = f"{hashlib.sha256(data).hexdigest()}  {path.name}\n"
-    atomic_write(_digest_path(path), digest.encode())
+    try:
+        atomic_write(path, data)
+        atomic_write(_digest_path(path), digest.encode())
+    except OSError:
+        path.unlink(missing_ok=True)  # without its digest it is unusable anyway
+        raise
     return path
 
 
@@ -121,6 +129,20 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise
     except Exception as e:
         raise CheckpointError(f"torch.load failed: {e}") from e
+
+
+def check_shapes(checkpoint: Checkpoint, shapes: list[tuple[int, ...]]) -> None:
+    """The checkpoint's ES mean has the run's LoRA shapes (else: a checkpoint of another rank
+    or model was put into this run): a ConfigError naming the file."""
+    have = [tuple(t.shape) for t in checkpoint.es["mean"]]
+    if have != [tuple(s) for s in shapes]:
+        raise ConfigError(
+            "resume",
+            f"checkpoint {checkpoint.path} does not fit this run: it holds {len(have)} LoRA "
+            f"tensors of shapes {have[:2]}..., this run's config gives {len(shapes)} of shapes "
+            f"{list(shapes[:2])}... (another lora.rank, lora targets or model)",
+            "resume with the checkpoints this run wrote, or move this file away",
+        )
 
 
 def checkpoints(directory: Path) -> list[tuple[int, Path]]:
@@ -171,6 +193,15 @@ class Checkpointer(Callback):
         if g > 0 and (g % self.every == 0 or g == ctx.generations):
             extra = {name: obj.state_dict() for name, obj in ctx.stateful.items()}
             directory = Path(ctx.output_dir) / CHECKPOINT_DIR
-            path = save_checkpoint(directory, state, self.records, extra)
+            try:
+                path = save_checkpoint(directory, state, self.records, extra)
+            except OSError as e:  # e.g. ENOSPC: the partial files are removed
+                found = checkpoints(directory)
+                last = f"the last good one, {found[-1][1]}, is kept" if found else "none exists"
+                raise RunAborted(
+                    f"could not write the checkpoint of generation {g} in {directory} ({e}); "
+                    f"its partial file was removed and {last}. Fix: free disk space, then "
+                    f"python -m evolm resume={ctx.output_dir}"
+                ) from e
             prune(directory, self.keep)
             log.debug("checkpoint %s", path)

@@ -15,7 +15,10 @@ choices a user picks, so they are left out of a group's listing (``--help``).
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigNode, ConfigStore
@@ -43,7 +46,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     "server": {
         "schema_local": ("evolm.engine.local:LocalEngine", True),
         "schema_vllm": ("evolm.server.vllm:VLLMEngine", True),
-        "schema_sglang": ("evolm.server.sglang:SGLangEngine", True),
+        "schema_sglang": ("evolm.server.sglang:sglang_servers", True),
     },
 }
 
@@ -133,6 +136,48 @@ def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
     return then if _root_.get("resume") else otherwise
 
 
+_CLAIMED: dict[str, str] = {}
+
+
+def run_dir(resume: Any, fresh: str) -> str:
+    """``${evolm.run_dir:${resume},outputs/runs/DATE/TIME}``: the run's directory.
+
+    A resumed run's own; else ``fresh``, claimed with an atomic ``mkdir`` (``fresh``,
+    ``fresh-1``, ``fresh-2``...), so two runs started in the same second never share a directory
+    (and so never interleave their results.jsonl). Claimed once per process.
+    """
+    if resume:
+        return str(resume)
+    from evolm.dist import current
+
+    if current().rank > 0:  # rank 0 claims the directory; the other ranks only log into it
+        return fresh
+    if fresh not in _CLAIMED:
+        Path(fresh).parent.mkdir(parents=True, exist_ok=True)
+        for n in range(10_000):
+            candidate = fresh if n == 0 else f"{fresh}-{n}"
+            try:
+                os.mkdir(candidate)
+            except FileExistsError:
+                continue
+            _CLAIMED[fresh] = candidate
+            break
+    return _CLAIMED[fresh]
+
+
+def now(pattern: str) -> str:
+    """``${evolm.now:%H-%M-%S}``: the run's start time (rank 0's in a process group, so every
+    rank of a distributed run names the same run directory) formatted with ``pattern``."""
+    from evolm.dist import current
+
+    return datetime.fromtimestamp(current().start_time).strftime(pattern)
+
+
+def plus(a: Any, b: Any) -> int:
+    """``${evolm.plus:${es.population_size},1}``: integer sum (adapter slots = N + 1)."""
+    return int(a) + int(b)
+
+
 def register() -> None:
     """Register the root schema, the lazy group schemas and evolm's resolvers (idempotent)."""
     cs = ConfigStore.instance()
@@ -143,6 +188,10 @@ def register() -> None:
             cs.repo[group] = SchemaGroup(group, entries)
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
+    OmegaConf.register_resolver("evolm.run_dir", run_dir, replace=True)
+    OmegaConf.register_resolver("evolm.now", now, replace=True, use_cache=True)
+    OmegaConf.register_resolver("evolm.at_least_one", lambda n: max(1, int(n)), replace=True)
+    OmegaConf.register_resolver("evolm.plus", plus, replace=True)
 
 
 register()

@@ -24,3 +24,9 @@ class ConfigError(ValueError):
 class RunAborted(RuntimeError):
     """A run stopped on purpose because it cannot go on usefully (e.g. it cannot learn); the
     message says why and what to change."""
+
+
+class ServiceUnavailable(RuntimeError):
+    """A service the run needs (the scorer, a generation server) gave no answer after its
+    bounded retries. The message names the service, the key that points at it and how to start
+    it; the run's checkpoints stay, so ``resume=<run dir>`` continues it once the service is up."""

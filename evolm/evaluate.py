@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.lora.layout import LoraPopulation
-from evolm.task.base import Example, Task
+from evolm.task.base import Example, Scores, Task
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class Evaluation:
     completions: list[list[str]]  # [M][P]
     generate_s: float
     score_s: float
+    comm_s: float = 0.0  # a distributed evaluation's all-gather (and broadcast), in score_s
 
 
 def render(engine: Engine, example: Example) -> str:
@@ -37,8 +39,17 @@ def evaluate(
     examples: Sequence[Example],
     adapters: LoraPopulation | None,
     seed: int,
+    comm: Comm = SINGLE,
 ) -> Evaluation:
-    """Generate every member's completions in one engine call and score them in one batch."""
+    """Generate every member's completions in one engine call and score them in one batch.
+
+    In a process group (``comm``), each rank generates its shard of the (member, prompt) rows
+    (:meth:`Comm.shard`: interleaved) and every rank ends with every row's scores (one
+    all-gather), so every rank returns the same :class:`Evaluation` as one process would;
+    ``completions`` then holds only this rank's rows (others are empty strings).
+    """
+    if comm.world_size > 1:
+        return _evaluate_sharded(engine, task, examples, adapters, seed, comm)
     start = time.perf_counter()
     completions = engine.generate(
         [render(engine, e) for e in examples], adapters, task.sampling, seed
@@ -46,10 +57,21 @@ def evaluate(
     generated = time.perf_counter()
     flat = [c for member in completions for c in member]
     scores = task.score(list(examples) * len(completions), flat)
+    return _evaluation(task, scores, completions, len(examples), start, generated)
+
+
+def _evaluation(
+    task: Task,
+    scores: Scores,
+    completions: list[list[str]],
+    n_prompts: int,
+    start: float,
+    generated: float,
+) -> Evaluation:
     if "reward" not in scores:
         raise KeyError(f"{type(task).__name__}.score must return a 'reward' list")
     table = {
-        k: torch.tensor(v, dtype=torch.float64).view(len(completions), len(examples))
+        k: torch.tensor(v, dtype=torch.float64).view(len(completions), n_prompts)
         for k, v in scores.items()
     }
     return Evaluation(
@@ -59,3 +81,49 @@ def evaluate(
         generate_s=generated - start,
         score_s=time.perf_counter() - generated,
     )
+
+
+def _evaluate_sharded(
+    engine: Engine,
+    task: Task,
+    examples: Sequence[Example],
+    adapters: LoraPopulation | None,
+    seed: int,
+    comm: Comm,
+) -> Evaluation:
+    """:func:`evaluate` over a process group: this rank's rows, then one all-gather."""
+    start = time.perf_counter()
+    members, n_prompts = (1 if adapters is None else len(adapters)), len(examples)
+    rows = [(m, p) for m in range(members) for p in range(n_prompts)]
+    mine = comm.shard(rows)
+    prompts = [render(engine, e) for e in examples]
+    texts = engine.generate_rows(prompts, adapters, mine, task.sampling, seed) if mine else []
+    generated = time.perf_counter()
+    if task.row_scores:  # each rank scores its rows; one all-gather of the scores
+        local: Scores = task.score([examples[p] for _, p in mine], texts) if mine else {}
+        sent = time.perf_counter()
+        parts = comm.gather(local)
+        comm_s = time.perf_counter() - sent
+        scores = _merge_scores(parts, comm, type(task).__name__)
+    else:  # the whole population scored at once, as one process does
+        sent = time.perf_counter()
+        every = comm.unshard(comm.gather(texts))
+        comm_s = time.perf_counter() - sent
+        whole = task.score([examples[p] for _, p in rows], every) if comm.is_main else {}
+        sent = time.perf_counter()
+        scores = comm.broadcast(whole)
+        comm_s += time.perf_counter() - sent
+    completions = [[""] * n_prompts for _ in range(members)]
+    for (m, p), text in zip(mine, texts, strict=True):
+        completions[m][p] = text
+    ev = _evaluation(task, scores, completions, n_prompts, start, generated)
+    return replace(ev, comm_s=comm_s)
+
+
+def _merge_scores(parts: Sequence[Scores], comm: Comm, task_name: str) -> Scores:
+    """The per-rank score dicts (rank ``r``: rows ``r, r + world, ...``) as one, in row order."""
+    keys = {tuple(sorted(p)) for p in parts if p}
+    if len(keys) != 1:
+        raise KeyError(f"{task_name}.score returned different keys on different ranks: {keys}")
+    names = next(iter(keys))
+    return {k: comm.unshard([p.get(k, []) for p in parts]) for k in names}

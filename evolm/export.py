@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from evolm.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 DTYPES = {
@@ -105,11 +107,42 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+REDO = "resume the run to its end (python -m evolm resume=<run dir>) to write it again"
+
+
+def check_adapter(adapter: Path) -> dict[str, Any]:
+    """The adapter's ``adapter_config.json``, after checking that it and
+    ``adapter_model.safetensors`` are readable (:mod:`evolm.lora.peft_io` names a damaged file)
+    and every weight is finite; else a :class:`ConfigError` naming the file."""
+    from evolm.lora.peft_io import AdapterError, read_adapter_config, read_adapter_weights
+
+    try:
+        config = read_adapter_config(adapter)
+        tensors = read_adapter_weights(adapter)
+    except AdapterError as e:
+        raise ConfigError("adapter", str(e), REDO) from None
+    if "base_model_name_or_path" not in config:
+        raise ConfigError("adapter", f"{adapter} lacks base_model_name_or_path", REDO)
+    bad = sorted(k for k, t in tensors.items() if not bool(torch.isfinite(t).all()))
+    if bad:
+        raise ConfigError(
+            str(adapter / "adapter_model.safetensors"),
+            f"holds NaN or inf in {len(bad)} of {len(tensors)} tensors (e.g. {bad[0]}): the run "
+            "diverged",
+            "train again with a smaller es.alpha or es.sigma",
+        )
+    return config
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     adapter = args.run_dir.resolve() / "adapter"
-    config = json.loads((adapter / "adapter_config.json").read_text())
+    try:  # a damaged adapter: one message naming the file, before the base model loads
+        config = check_adapter(adapter)
+    except ConfigError as e:
+        log.error("cannot export %s: %s", args.run_dir, e)
+        return 2
     base = args.base or config["base_model_name_or_path"]
     out = (args.out or args.run_dir / "merged").resolve()
     log.info("merging %s into %s", adapter, base)

@@ -7,6 +7,7 @@ Reads no config and writes no files: everything observable goes through callback
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from evolm import metrics as M
+from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
+from evolm.errors import RunAborted
 from evolm.es import ES, ESState, TellStats
 from evolm.evaluate import Evaluation, evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation
@@ -64,6 +67,11 @@ class Callback:
     the rest when the run raises (including KeyboardInterrupt), before the error propagates.
     """
 
+    every_rank: bool = False
+    """In a distributed run (:mod:`evolm.dist`) callbacks run on rank 0 alone (they write);
+    True runs this one on every rank: one whose decision must be the same everywhere (the
+    health monitor's abort), fed with the same records on every rank."""
+
     def on_run_start(self, ctx: RunContext, state: ESState) -> None: ...
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None: ...
@@ -98,6 +106,7 @@ class GenerationRecord:
     es_s: float
     generation_s: float
     engine_timings: Mapping[str, float] = field(default_factory=dict)
+    comm_s: float | None = None  # distributed runs: all-gather + mean check (None: one process)
 
     def as_record(self) -> Record:
         es = self.es
@@ -120,7 +129,20 @@ class GenerationRecord:
             **{M.engine_time(k): v for k, v in self.engine_timings.items()},
             M.ES_S: self.es_s,
             M.GENERATION_S: self.generation_s,
+            **({} if self.comm_s is None else {M.COMM_S: self.comm_s}),
         }
+
+
+def check_finite_mean(mean_norm: float, generation: int, strategy: ES) -> None:
+    """Stop the run (before the generation is logged or checkpointed) once the ES mean holds a
+    NaN or an infinity: every later generation, checkpoint and adapter would be garbage."""
+    if not math.isfinite(mean_norm):
+        raise RunAborted(
+            f"the ES mean became non-finite (norm {mean_norm}) in generation {generation}: the "
+            f"update diverged (es.alpha={strategy.alpha}, es.sigma={strategy.sigma}). Fix: lower "
+            "es.alpha or es.sigma, or use es.shaping=centered_ranks; nothing of this generation "
+            "was saved (the last checkpoint is the last finite mean)"
+        )
 
 
 @dataclass
@@ -136,11 +158,12 @@ class ESLoop:
     eval_every: int
     seed: int
     callbacks: Sequence[Callback] = ()
+    comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
 
     def evaluate_mean(self, state: ESState) -> Record:
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, state.mean)
-        ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed)
+        ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed, self.comm)
         metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
         return {**metrics, M.EVAL_S: time.perf_counter() - start}
 
@@ -153,11 +176,15 @@ class ESLoop:
         sampled = time.perf_counter()
         examples = self.task.train_examples(generation)
         ev: Evaluation = evaluate(
-            self.engine, self.task, examples, adapters, seed=self.seed + generation
+            self.engine, self.task, examples, adapters, self.seed + generation, self.comm
         )
         told = time.perf_counter()
         state, stats = self.strategy.tell(state, pop, ev.fitness)
-        es_s = (sampled - start) + (time.perf_counter() - told)
+        check_finite_mean(stats.mean_norm, generation, self.strategy)
+        checked = time.perf_counter()
+        self.comm.check_same(state.mean, f"the ES mean after generation {generation}")
+        comm_s = ev.comm_s + time.perf_counter() - checked
+        es_s = (sampled - start) + (checked - told)
         record = GenerationRecord(
             generation=generation,
             es=stats,
@@ -168,6 +195,7 @@ class ESLoop:
             es_s=es_s,
             generation_s=time.perf_counter() - start,
             engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
+            comm_s=comm_s if self.comm.world_size > 1 else None,
         )
         return state, record.as_record()
 

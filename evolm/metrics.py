@@ -29,6 +29,7 @@ GENERATE_S = "time/generate_s"
 SCORE_S = "time/score_s"
 ES_S = "time/es_s"
 EVAL_S = "time/eval_s"
+COMM_S = "time/comm_s"  # distributed runs: the generation's all-gather and mean check
 
 
 def train_score(key: str) -> str:

@@ -21,6 +21,30 @@ from test_fastpath import check_forced, check_triton_ops, llama_model, populatio
 from evolm.bench.shapes import build_model
 from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
+from evolm.sampling import Sampling
+
+
+def check_slots(engine: LocalEngine, layout: LoraLayout) -> bool:
+    """Continuous batching in Triton mode (per-row members in the LoRA kernels, per-row cache
+    rows / positions in the RoPE kernel, per-row bounds in the slot attention kernel) with
+    refills, mixed budgets and left padding: the same greedy tokens as the eager path."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 200, (9, 7), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[5, :1] = 0
+    member = torch.tensor([2, 0, 1, 1, 0, 2, 2, 1, 0])
+    budgets = [6, 2, 5, 1, 6, 3, 6, 4, 2]
+    pop = population(layout, 3)
+    engine.max_batch_rows = 4
+    sampling = Sampling(max_new_tokens=6)
+    args = (ids, mask, member, pop, budgets, sampling)
+    triton_tokens = engine.generate_slots(*args, eos_ids=[])
+    engine.fast.model.set_ops("eager")
+    eager_tokens = engine.generate_slots(*args, eos_ids=[])
+    engine.fast.model.set_ops("triton")
+    engine.max_batch_rows = None
+    return bool(torch.equal(triton_tokens, eager_tokens))
 
 
 def main() -> None:
@@ -35,6 +59,7 @@ def main() -> None:
         out[f"lora_{prompts}"] = check_forced(engine, population(layout, 3), prompts)
         out[f"base_{prompts}"] = check_forced(engine, None, prompts)
     out["spare_rows"] = engine.fast.model.layers[0].qkv.weight.shape[0]
+    out["slots_equal"] = check_slots(engine, layout)
     # SmolLM2's layout (Llama: no q/k/v bias, tied embeddings, 9 / 3 heads, hidden 288)
     llama = llama_model(smol=True)
     layout = LoraLayout.from_hf_config(llama.config, LoraSpec(rank=3))

@@ -80,7 +80,7 @@ def test_bad_input_fails_before_the_model_loads(overrides: str, key: str, tmp_pa
 
 def test_untrusted_target_names_trusted_targets(tmp_path: Path) -> None:
     cfg = compose_config([f"output_dir={tmp_path}", "+callbacks.evil._target_=os.system"])
-    with pytest.raises(ConfigError, match=r"callbacks._target_: 'os.system' is not trusted"):
+    with pytest.raises(ConfigError, match=r"callbacks.evil._target_: 'os.system' .*not trusted"):
         train(cfg)
 
 
@@ -96,3 +96,12 @@ def test_cli_unknown_key_names_it(tmp_path: Path) -> None:
     proc = run_cli(["es.sigmaa=1", f"hydra.run.dir={tmp_path}"], timeout=120)
     assert proc.returncode != 0
     assert "Could not override 'es.sigmaa'" in proc.stderr
+
+
+def test_sglang_adapter_slots_default_to_population_plus_one(tmp_path: Path) -> None:
+    """server=sglang runs a whole population in one /generate: N adapters + the base model."""
+    cfg = compose_config(["server=sglang", "es.population_size=30", f"output_dir={tmp_path}"])
+    assert cfg.server.max_loras_per_batch == 31
+    fixed = ["server=sglang", "server.max_loras_per_batch=9", f"output_dir={tmp_path}"]
+    cfg = compose_config(fixed)
+    assert cfg.server.max_loras_per_batch == 9

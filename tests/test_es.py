@@ -270,6 +270,15 @@ def test_nan_fitness_ranks_worst(name: str) -> None:
     assert torch.isfinite(all_nan).all()
 
 
+@pytest.mark.parametrize("name", sorted(SHAPINGS))
+def test_infinite_fitness_ranks_worst_too(name: str) -> None:
+    """An infinite reward is a task's bug, not a great answer (before: +inf ranked best)."""
+    shaped = SHAPINGS[name](torch.tensor([1.0, float("inf"), -3.0, float("-inf"), 2.0]))
+    assert torch.isfinite(shaped).all()
+    assert shaped[[1, 3]].max().item() <= shaped[[0, 2, 4]].min().item()
+    assert shaped[4].item() == shaped.max().item()
+
+
 def test_zscore_all_nan_gives_zeros() -> None:
     assert torch.equal(zscore(torch.full((3,), float("nan"))), torch.zeros(3, dtype=torch.float64))
 

@@ -201,12 +201,21 @@ def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
         sampling = Sampling(max_new_tokens=new)
         engine.generate_ids(rows, torch.ones_like(rows), None, sampling, eos_ids=[])
 
+    engine.batching = "waves"
     run(4, ids)
     first = engine.fast.workspace
     run(3, ids)
     assert engine.fast.workspace is first  # fewer slots: same buffers
     run(4, ids[:4])
     assert engine.fast.workspace is not first  # other row count: rebuilt
+    engine.batching = "continuous"  # the slot workspace: kept while the plan's inputs repeat
+    assert engine.slots is not None
+    run(4, ids)
+    slots = engine.slots.workspace
+    run(3, ids)  # same rows and (rounded) positions: same plan, same buffers and graphs
+    assert engine.slots.workspace is slots
+    run(4, ids[:4])
+    assert engine.slots.workspace is not slots
 
 
 @pytest.mark.gpu

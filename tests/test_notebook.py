@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -59,3 +63,21 @@ def test_analysis_notebook_executes(
     assert "best: trial-b" in text
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) == 2  # the curves and the sweep's scatter
+
+
+def test_the_documented_headless_command_runs(short_run: tuple[Path, str], tmp_path: Path) -> None:
+    """The command the notebook names runs in the project's venv (before: `jupyter nbconvert`,
+    which the venv lacks: `jupyter-nbconvert not found`)."""
+    _, uri = short_run
+    intro = nbformat.read(NOTEBOOK, as_version=4).cells[0].source
+    [command] = re.findall(r"`(jupyter [^`]+)`", intro)
+    copy = tmp_path / "analysis.ipynb"
+    shutil.copy(NOTEBOOK, copy)
+    jupyter = Path(sys.executable).parent / "jupyter"
+    args = [str(jupyter), *command.split()[1:-1], "--inplace", copy.name]
+    env = {**os.environ, "EVOLM_MLFLOW_URI": uri, "MPLBACKEND": "Agg"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    executed = nbformat.read(copy, as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert "run(s) in experiment 'evolm'" in text

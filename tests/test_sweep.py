@@ -118,6 +118,31 @@ def test_failed_trial_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
     assert (sweep_dir / "optimization_results.yaml").is_file(), "the sweep finished"
 
 
+def test_a_sweep_whose_trials_all_fail_ends_with_evolms_message(tmp_path: Path) -> None:
+    """No trial completes (rank 0 fails before any model loads): evolm's message and exit 1,
+    not Optuna's ``ValueError: Record does not exist.``; no Hydra execution-whitelist warning."""
+    proc = run_cli(
+        [
+            "-m",
+            "hparams_search=es_optuna",
+            f"hydra.sweeper.storage=sqlite:///{tmp_path}/optuna.db",
+            "hydra.sweeper.study_name=test",
+            "hydra.sweeper.n_trials=2",
+            f"hydra.sweep.dir={tmp_path}/sweep",
+            "lora.rank=0",
+            "logger=none",
+        ],
+        timeout=120,
+        cwd=tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "all 2 trials of this sweep failed (first error: lora.rank: must be >= 1" in out
+    assert "Record does not exist" not in out and "Traceback" not in out
+    assert "_execution_whitelist_" not in out  # Hydra trusts the sweep callback (evolm.__main__)
+    assert [t.state for t in study(tmp_path).trials] == [TrialState.FAIL] * 2
+
+
 # -- the pieces, in-process ---------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@
     python -m evolm.bench --shape qwen2.5-0.5b --sglang-url http://127.0.0.1:30000 \\
         --sglang-model-path /tmp/m-0.5b                     # + evolm with server=sglang
     python -m evolm.bench --shape qwen2.5-0.5b --save-model /tmp/m-0.5b   # a dir to serve
+    python -m evolm.bench --real --shape qwen2.5-1.5b --sglang-python /tmp/sgpy  # W-real
 
 Imports neither Hydra nor evolm's config: it runs where only torch and transformers are.
 """
@@ -26,6 +27,7 @@ from evolm.bench.suite import METHODS, run_workload
 from evolm.engine.local import DTYPES, resolve_device
 
 log = logging.getLogger("evolm.bench")
+REAL = "continuous,waves,sglang,evolm_sglang"
 
 GPU_DEFAULTS = {"members": 30, "prompts": 32, "prompt_len": 64, "new_tokens": 128}
 CPU_DEFAULTS = {"members": 4, "prompts": 4, "prompt_len": 16, "new_tokens": 8}
@@ -41,7 +43,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=4)
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default bfloat16 (GPU), float32 (CPU)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--methods", help=f"subset of {','.join(METHODS)} (--real: of {REAL})")
+    p.add_argument("--real", action="store_true", help="W-real: 30 x 200 rows, up to 1,024 new")
+    p.add_argument("--regimes", default="variable,fixed", help="--real: fixed and/or variable")
+    p.add_argument("--sglang-python", help="--real: python that runs sglang.launch_server")
+    p.add_argument("--wave-rows", type=int, default=2000, help="--real: rows per wave (waves)")
     p.add_argument("--reps", type=int, default=3, help="timed runs of (a), (b), (e)")
     p.add_argument("--baseline-members", type=int, default=3, help="members timed for (c), (d)")
     p.add_argument("--sglang-url", help="(e): an SGLang server serving --sglang-model-path")
@@ -51,6 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", type=int, help="fast path: decode cache bucket (default 32)")
     p.add_argument("--prefill-tokens", type=int, help="fast path: tokens per prefill chunk")
     p.add_argument("--no-graphs", action="store_true", help="fast path: no CUDA graphs")
+    p.add_argument("--batching", default="continuous", help="continuous or waves (older path)")
     p.add_argument("--json", help="write the records here")
     p.add_argument("--markdown", help="write the tables here")
     return p.parse_args(argv)
@@ -68,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse(argv)
     device = resolve_device(args.device)
+    if args.real:
+        from evolm.bench import real
+
+        args.methods = args.methods or REAL
+        return real.main(args, device)
+    args.methods = args.methods or ",".join(METHODS)
     works = workloads(args, device)
     if args.save_model:
         model = build_model(works[0].shape, device, DTYPES[works[0].dtype])
@@ -90,7 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             fast["graphs"] = False
         records.append(
             run_workload(
-                work, device, methods, args.reps, args.baseline_members, runner, args.profile, fast
+                work,
+                device,
+                methods,
+                args.reps,
+                args.baseline_members,
+                runner,
+                args.profile,
+                fast,
+                args.batching,
             )
         )
         if device.type == "cuda":

@@ -48,13 +48,14 @@ def run_workload(
     runner: M.Runner | None = None,
     profile: bool = False,
     fast: dict[str, Any] | None = None,
+    batching: str = "continuous",
 ) -> dict[str, Any]:
     """Time ``methods`` on ``work``; see the module docstring for the record. ``fast`` sets
     attributes of the engine's :class:`~evolm.engine.fast.runner.FastGenerator` (tuning)."""
     dtype = DTYPES[work.dtype]
     model = build_model(work.shape, device, dtype, seed=work.seed)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=work.rank))
-    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine = LocalEngine.from_model(model, layout, fast=True, batching=batching)
     for key, value in (fast or {}).items():
         setattr(engine.fast, key, value)
     gen = torch.Generator().manual_seed(work.seed)

@@ -5,7 +5,10 @@ the same function:
 
 - the fast path (default where the architecture is supported: Qwen2 / Llama):
   :mod:`evolm.engine.fast.model` (fused projections, grouped LoRA, static KV cache) driven by
-  :mod:`evolm.engine.fast.runner` (chunked prefill, CUDA-graph decode steps on GPUs);
+  :mod:`evolm.engine.fast.slots` (continuous batching: slots sized by the memory planner of
+  :mod:`evolm.engine.fast.plan`, refilled as rows finish, CUDA-graph decode steps per batch
+  bucket on GPUs); ``batching="waves"`` keeps the older :mod:`evolm.engine.fast.runner`
+  (all rows of a chunk in lock-step);
 - the HF path: the transformers model with every target projection wrapped in
   :class:`MultiLoraLinear`, decoded by :func:`generate_tokens`.
 
@@ -28,6 +31,7 @@ from evolm.engine.base import Engine, chat_prompt
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
 from evolm.engine.fast.runner import FastGenerator
+from evolm.engine.fast.slots import SlotGenerator
 from evolm.engine.fast.weights import unsupported_reason
 from evolm.engine.hf.generation import generate_tokens, strip_after_eos
 from evolm.engine.hf.multilora import attach, load_population
@@ -42,8 +46,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "auto":  # the current CUDA device: cuda:LOCAL_RANK in a process group
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             "device",
@@ -51,6 +57,20 @@ def resolve_device(device: str) -> torch.device:
             "use server.device=cpu or auto",
         )
     return torch.device(device)
+
+
+def check_batching(utilization: float, batching: str) -> None:
+    """Bad ``gpu_memory_utilization`` / ``batching`` values: one ConfigError each."""
+    if not 0 < utilization <= 1:
+        raise ConfigError(
+            "gpu_memory_utilization",
+            f"must be in (0, 1], got {utilization}",
+            "use e.g. 0.9 (the share of the GPU's memory the engine may fill)",
+        )
+    if batching not in ("continuous", "waves"):
+        raise ConfigError(
+            "batching", f"unknown batching {batching!r}", "use continuous (default) or waves"
+        )
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -71,8 +91,13 @@ class LocalEngine(Engine):
         layout: where the adapters go (completed by the composition root).
         device: ``auto`` (CUDA if available), ``cpu``, ``cuda``, ``cuda:1``...
         dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``float32``, ``bfloat16``, ``float16``.
-        max_batch_rows: split a population into chunks of whole members with at most this many
-            rows (``None``: everything in one batch).
+        max_batch_rows: continuous batching: at most this many rows decode at once (``None``:
+            as many as fit in memory); waves: chunks of whole members of at most this many rows
+            (``None``: one batch).
+        gpu_memory_utilization: share of the GPU's memory the engine may fill (weights,
+            adapters, KV cache, activations); the slot count follows from it.
+        batching: ``continuous`` (slots refilled as rows finish) or ``waves`` (lock-step
+            chunks; the older path, kept for comparison).
         threads: CPU threads for torch (``None``: torch's default). Small models on a busy
             machine run faster, and steadier, on 1.
         fast: use the fast path (``None``: where the architecture supports it; ``True``: raise
@@ -90,7 +115,10 @@ class LocalEngine(Engine):
         max_batch_rows: int | None = None,
         threads: int | None = None,
         fast: bool | None = None,
+        gpu_memory_utilization: float = 0.9,
+        batching: str = "continuous",
     ) -> None:
+        check_batching(gpu_memory_utilization, batching)
         if max_batch_rows is not None and max_batch_rows < 1:
             raise ConfigError(
                 "max_batch_rows",
@@ -106,6 +134,7 @@ class LocalEngine(Engine):
         start = time.perf_counter()
         model, tokenizer = load_causal_lm(model_path, device=str(self.device), dtype=self.dtype)
         LocalEngine.loads += 1
+        self.gpu_memory_utilization, self.batching = gpu_memory_utilization, batching
         self._setup(model, tokenizer, layout, max_batch_rows, fast)
         log.info(
             "loaded %s on %s (%s, %s path) in %.1fs",
@@ -124,11 +153,15 @@ class LocalEngine(Engine):
         tokenizer: PreTrainedTokenizerBase | None = None,
         max_batch_rows: int | None = None,
         fast: bool | None = None,
+        gpu_memory_utilization: float = 0.9,
+        batching: str = "continuous",
     ) -> LocalEngine:
         """An engine over an already loaded model (benchmarks); ``generate`` needs a tokenizer,
         ``generate_ids`` does not."""
+        check_batching(gpu_memory_utilization, batching)
         engine = cls.__new__(cls)
         engine.device, engine.dtype = model.device, model.dtype
+        engine.gpu_memory_utilization, engine.batching = gpu_memory_utilization, batching
         engine._setup(model.eval(), tokenizer, layout, max_batch_rows, fast)
         return engine
 
@@ -151,6 +184,7 @@ class LocalEngine(Engine):
         pad = None if tokenizer is None else tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.fast: FastGenerator | None = None
+        self.slots: SlotGenerator | None = None
         self._fast_lora: dict[int, FastLora] = {}
         self.lora_pad = 8  # rank columns of a fused group padded to this (see FastLora)
         reason = None if fast is False else unsupported_reason(self.model)
@@ -158,6 +192,11 @@ class LocalEngine(Engine):
             raise ConfigError("fast", f"the fast path does not support {reason}", "set fast=false")
         if fast is not False and reason is None:
             self.fast = FastGenerator(FastModel(self.model))
+            self.slots = SlotGenerator(
+                self.fast.model, gpu_memory_utilization=self.gpu_memory_utilization
+            )
+            cfg = self.model.config
+            self.slots.name = str(getattr(cfg, "_name_or_path", "") or cfg.model_type)
         elif reason is not None:
             log.info("local engine: HF path (%s)", reason)
 
@@ -165,9 +204,7 @@ class LocalEngine(Engine):
         """Serve adapters of ``layout`` from now on, on the loaded model (a sweep trial with
         another rank or targets; see :mod:`evolm.server.pool`)."""
         self.layout, self.layers = layout, attach(self.model, layout)
-        self._fast_lora.clear()  # grouped buffers are sized by the rank
-        if self.fast is not None:
-            self.fast.workspace = None  # drops decode graphs captured over the old buffers
+        self.reset_fast_path()  # grouped buffers are sized by the rank; graphs hold old buffers
 
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return chat_prompt(self.tokenizer, messages)
@@ -177,7 +214,9 @@ class LocalEngine(Engine):
     ) -> list[list[str]]:
         members = 1 if adapters is None else len(adapters)
         per_chunk = (
-            members if self.max_batch_rows is None else max(1, self.max_batch_rows // len(prompts))
+            members
+            if self.max_batch_rows is None or self._continuous
+            else max(1, self.max_batch_rows // len(prompts))
         )
         enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
@@ -215,6 +254,19 @@ class LocalEngine(Engine):
         members = 1 if adapters is None else len(adapters)
         if input_ids.shape[0] % members:
             raise ValueError(f"{input_ids.shape[0]} rows do not split into {members} members")
+        if self._continuous:
+            rows = input_ids.shape[0]
+            member = torch.arange(members, device=self.device).repeat_interleave(rows // members)
+            return self.generate_slots(
+                input_ids,
+                attention_mask,
+                None if adapters is None else member,
+                adapters,
+                [sampling.max_new_tokens] * rows,
+                sampling,
+                generator,
+                eos,
+            )
         if self.fast is not None:
             lora = None if adapters is None else self.load_fast_lora(adapters)
             return self.fast.generate(
@@ -227,6 +279,42 @@ class LocalEngine(Engine):
             )
         finally:
             load_population(self.layers, None, self.device, self.dtype)
+
+    @property
+    def _continuous(self) -> bool:
+        return self.slots is not None and self.batching == "continuous"
+
+    def generate_slots(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        member: torch.Tensor | None,
+        adapters: LoraPopulation | None,
+        budgets: Sequence[int],
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+        eos_ids: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Continuous batching over rows of any members in any order: row ``i`` is left-padded
+        ``input_ids[i]``, adapted by member ``member[i]`` of ``adapters`` (None: the base
+        model), and generates at most ``budgets[i]`` tokens. New tokens
+        ``[rows, max(budgets)]`` (after a row's EOS or budget: the pad id)."""
+        assert self.slots is not None, "continuous batching needs the fast path"
+        eos = self.eos_ids if eos_ids is None else list(eos_ids)
+        lora = None if adapters is None else self.load_fast_lora(adapters)
+        self.slots.max_rows = self.max_batch_rows
+        self.slots.utilization = self.gpu_memory_utilization
+        return self.slots.generate(
+            input_ids,
+            attention_mask,
+            member,
+            lora,
+            budgets,
+            sampling,
+            eos,
+            self.pad_id,
+            generator,
+        )
 
     def load_fast_lora(self, adapters: LoraPopulation) -> FastLora:
         """The static grouped buffers for ``len(adapters)`` members, holding ``adapters``."""
@@ -242,8 +330,7 @@ class LocalEngine(Engine):
                 self.layout, len(adapters), ins, outs, self.device, self.dtype, self.lora_pad, spare
             )
             if model.weights_version != version:  # weights moved: older buffers and graphs
-                self._fast_lora.clear()
-                self.fast.workspace = None
+                self.reset_fast_path()
             self._fast_lora[len(adapters)] = lora
         lora.load(adapters)
         return lora
@@ -254,10 +341,14 @@ class LocalEngine(Engine):
         self._fast_lora.clear()
         if self.fast is not None:
             self.fast.workspace = None
+        if self.slots is not None:
+            self.slots.workspace = None
 
     @property
     def last_timings(self) -> dict[str, float]:
-        """Phase times of the last fast-path generation (``prefill_s``, ``decode_s``, ``steps``)."""
+        """Phase times and counts of the last fast-path generation."""
+        if self._continuous:
+            return dict(self.slots.last_timings)  # type: ignore[union-attr]
         return {} if self.fast is None else dict(self.fast.last_timings)
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ seeding per seed, not per tensor); antithetic pairs share their draw.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,7 +86,12 @@ class ES:
         )
         for key, example in (("sigma", "0.001"), ("alpha", "0.0005"), ("eps", "1e-8")):
             value = getattr(self, key)
-            _check(value > 0, key, f"must be > 0, got {value}", f"set es.{key} > 0, e.g. {example}")
+            _check(
+                value > 0 and math.isfinite(value),
+                key,
+                f"must be > 0 and finite, got {value}",
+                f"set es.{key} > 0, e.g. {example}",
+            )
         for key, valid in (("shaping", SHAPINGS), ("update", UPDATES), ("optimizer", OPTIMIZERS)):
             value, names = getattr(self, key), ", ".join(valid)
             _check(
@@ -96,7 +102,10 @@ class ES:
             )
         wd = self.weight_decay
         _check(
-            wd >= 0, "weight_decay", f"must be >= 0, got {wd}", "set es.weight_decay >= 0, e.g. 0"
+            wd >= 0 and math.isfinite(wd),
+            "weight_decay",
+            f"must be >= 0 and finite, got {wd}",
+            "set es.weight_decay >= 0, e.g. 0",
         )
         for key in ("beta1", "beta2"):
             value = getattr(self, key)

@@ -114,6 +114,15 @@ class LoraLayout:
                 "use indices below the model's num_hidden_layers, or null for all",
             )
         modules = [m for m in dims if m in spec.target_modules]  # canonical module order
+        narrowest = min(modules, key=lambda m: min(dims[m]))
+        if spec.rank > min(dims[narrowest]):
+            raise ConfigError(
+                "rank",
+                f"{spec.rank} exceeds the model's smallest adapted dimension "
+                f"{min(dims[narrowest])} ({narrowest}: {dims[narrowest][0]} -> "
+                f"{dims[narrowest][1]}); a larger rank adds no expressiveness",
+                f"set lora.rank <= {min(dims[narrowest])}",
+            )
         targets = tuple(LoraTarget(layer, m, *dims[m]) for layer in chosen for m in modules)
         return cls(targets=targets, rank=spec.rank, alpha=spec.alpha, num_layers=layers)
 

@@ -76,17 +76,58 @@ def save_adapter(
     return path
 
 
+class AdapterError(ValueError):
+    """An adapter directory that cannot be used; the message names the file and why."""
+
+
+def read_adapter_config(path: str | Path) -> dict:
+    """``<path>/adapter_config.json``, checked to be a readable JSON object with ``r`` and
+    ``lora_alpha``; raises :class:`AdapterError` naming the file."""
+    file = Path(path) / CONFIG_FILE
+    try:
+        config = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise AdapterError(f"{file} does not exist (not an adapter directory?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AdapterError(f"{file} is not valid JSON (truncated or corrupt): {e}") from None
+    if not isinstance(config, dict) or not {"r", "lora_alpha"} <= config.keys():
+        raise AdapterError(f"{file} is not a PEFT LoRA config (it lacks r or lora_alpha)")
+    return config
+
+
+def read_adapter_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """``<path>/adapter_model.safetensors``; raises :class:`AdapterError` naming the file."""
+    file = Path(path) / WEIGHTS_FILE
+    if not file.is_file():
+        raise AdapterError(f"{file} does not exist (the adapter was not written completely)")
+    try:
+        return load_file(str(file))
+    except Exception as e:  # safetensors raises its own error types for a damaged header/data
+        raise AdapterError(f"{file} cannot be read (truncated or corrupt): {e}") from None
+
+
 def load_adapter(path: str | Path, layout: LoraLayout) -> list[torch.Tensor]:
-    """Read an adapter written for ``layout`` back as fp32 tensors in layout order."""
+    """Read an adapter written for ``layout`` back as fp32 tensors in layout order; an adapter
+    that is damaged or of another rank/shape raises :class:`AdapterError` naming the file."""
     path = Path(path)
-    config = json.loads((path / CONFIG_FILE).read_text())
+    config = read_adapter_config(path)
     if config["r"] != layout.rank or float(config["lora_alpha"]) != float(layout.alpha):
-        raise ValueError(
-            f"{path}: r={config['r']}, lora_alpha={config['lora_alpha']} does not "
+        raise AdapterError(
+            f"{path / CONFIG_FILE}: r={config['r']}, lora_alpha={config['lora_alpha']} does not "
             f"match the layout's r={layout.rank}, alpha={layout.alpha}"
         )
-    state = load_file(str(path / WEIGHTS_FILE))
+    state = read_adapter_weights(path)
     missing = [k for k in layout.peft_keys() if k not in state]
     if missing:
-        raise ValueError(f"{path}: {len(missing)} tensors missing, e.g. {missing[0]}")
+        raise AdapterError(
+            f"{path / WEIGHTS_FILE}: {len(missing)} tensors missing, e.g. {missing[0]}"
+        )
+    shapes = dict(zip(layout.peft_keys(), layout.shapes(), strict=True))
+    wrong = [k for k, shape in shapes.items() if tuple(state[k].shape) != tuple(shape)]
+    if wrong:
+        k = wrong[0]
+        raise AdapterError(
+            f"{path / WEIGHTS_FILE}: {k} has shape {tuple(state[k].shape)}, the layout "
+            f"{tuple(shapes[k])} (another rank or model?)"
+        )
     return [state[k].float() for k in layout.peft_keys()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,8 +45,10 @@ class LoraSpec:
     def __post_init__(self) -> None:
         if self.rank < 1:
             raise ConfigError("rank", f"must be >= 1, got {self.rank}", "set lora.rank=1 or more")
-        if self.alpha <= 0:
-            raise ConfigError("alpha", f"must be > 0, got {self.alpha}", "e.g. lora.alpha=2*rank")
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ConfigError(
+                "alpha", f"must be > 0 and finite, got {self.alpha}", "e.g. lora.alpha=2*rank"
+            )
         unknown = sorted(set(self.target_modules) - set(TARGET_MODULES))
         if unknown or not self.target_modules:
             raise ConfigError(
@@ -65,8 +68,10 @@ class LoraSpec:
             )
         if self.init not in INITS:
             raise ConfigError("init", f"unknown init {self.init!r}", f"choose from {list(INITS)}")
-        if self.init_scale < 0:
-            raise ConfigError("init_scale", f"must be >= 0, got {self.init_scale}", "e.g. 0.01")
+        if not (math.isfinite(self.init_scale) and self.init_scale >= 0):
+            raise ConfigError(
+                "init_scale", f"must be >= 0 and finite, got {self.init_scale}", "e.g. 0.01"
+            )
         if self.noise_scale not in NOISE_SCALES:
             raise ConfigError(
                 "noise_scale", f"unknown {self.noise_scale!r}", f"choose from {list(NOISE_SCALES)}"

@@ -76,10 +76,30 @@ class HubModel:
                 )
             return str(path.resolve())
         if self.revision is None:
+            self._fetch(allow_patterns=["config.json"])  # on disk, or reachable: else one error
             return self.name_or_path
+        return self._fetch()
+
+    def _fetch(self, allow_patterns: list[str] | None = None) -> str:
+        """The hub snapshot's directory, from the HF cache or downloaded; a model that is not
+        on disk and cannot be downloaded (offline, no network) is a ConfigError."""
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(self.name_or_path, revision=self.revision)
+        try:
+            return snapshot_download(
+                self.name_or_path, revision=self.revision, allow_patterns=allow_patterns
+            )
+        except (OSError, ValueError) as e:  # LocalEntryNotFoundError, HTTP and hub errors
+            offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
+            why = "HF_HUB_OFFLINE is set" if offline else str(e).splitlines()[0][:300]
+            raise ConfigError(
+                "name_or_path",
+                f"hub model {self.name_or_path!r} is not on disk (HF cache) and cannot be "
+                f"downloaded ({why})",
+                f"download it where there is network (`hf download {self.name_or_path}`, "
+                "into the HF cache), or set model.name_or_path=/path/to/a/local/copy"
+                + (", or unset HF_HUB_OFFLINE to allow downloads" if offline else ""),
+            ) from None
 
 
 @dataclass(frozen=True)

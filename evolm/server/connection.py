@@ -26,7 +26,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from evolm.errors import ConfigError
+from evolm.errors import ConfigError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class ServerProcess:
 RETRYABLE = (requests.ConnectionError, requests.Timeout)
 
 
-class ServerDown(RuntimeError):
+class ServerDown(ServiceUnavailable):
     """The server did not answer (connection refused or reset, or timeouts) after retries."""
 
 

@@ -113,7 +113,7 @@ class RemoteEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.run = secrets.token_hex(3)
         self.generation = 0
-        self.stage = AdapterStage(self.run, model_path)
+        self.stage = AdapterStage(self.run, model_path, self.adapter_dtype())
         self._timings: dict[str, float] = {}
         self.startup_s: float | None = None  # seconds the last launch took to become healthy
         self.pool = ThreadPoolExecutor(max(1, max_workers), thread_name_prefix=f"evolm-{self.kind}")
@@ -225,6 +225,10 @@ class RemoteEngine(Engine):
 
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return chat_prompt(self.tokenizer, messages)
+
+    def adapter_dtype(self) -> torch.dtype:
+        """The dtype adapters are written in (fp32 unless a server says otherwise)."""
+        return torch.float32
 
     def generate(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int

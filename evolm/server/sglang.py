@@ -14,16 +14,29 @@ the config: ``max_lora_rank >= lora.rank``, lora target modules ⊆ the server's
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import torch
+
+from evolm.engine.base import Engine
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
 from evolm.sampling import Sampling
 from evolm.server.remote import Call, RemoteEngine, ServerError
 
 log = logging.getLogger(__name__)
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
 
 
 class SGLangEngine(RemoteEngine):
@@ -95,6 +108,18 @@ class SGLangEngine(RemoteEngine):
             self_test=self_test,
             max_workers=max_workers,
         )
+
+    def adapter_dtype(self) -> torch.dtype:
+        """The server's dtype (``--dtype``, or the model's own for ``auto``): SGLang casts
+        adapters to it on load, so fp32 files would only double the bytes written and read."""
+        name = self.dtype
+        if name == "auto":
+            try:
+                cfg = json.loads((Path(self.model_path) / "config.json").read_text())
+                name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+            except (OSError, ValueError):
+                name = "float32"
+        return DTYPES.get(name, torch.float32)
 
     def _check_fit(
         self, rank: int, modules: Sequence[str], slots: int, server: str | None = None
@@ -232,3 +257,82 @@ class SGLangEngine(RemoteEngine):
         if len(texts) != members * prompts:
             raise RuntimeError(f"SGLang returned {len(texts)} texts for {members * prompts}")
         return [texts[m * prompts : (m + 1) * prompts] for m in range(members)]
+
+
+def sglang_servers(
+    model_path: str,
+    layout: LoraLayout,
+    url: str | list[str] | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    python: str | None = None,
+    launch_module: str = "sglang.launch_server",
+    extra_args: Sequence[str] = (),
+    cuda_devices: str | list[str] | None = None,
+    keep_alive: bool = False,
+    startup_timeout_s: float = 900.0,
+    request_timeout_s: float = 600.0,
+    retries: int = 3,
+    restarts: int = 2,
+    self_test: bool = True,
+    max_workers: int = 16,
+    max_lora_rank: int | None = None,
+    lora_target_modules: Sequence[str] | None = None,
+    max_loras_per_batch: int = 8,
+    dtype: str = "auto",
+    attention_backend: str | None = "triton",
+    sampling_backend: str | None = "pytorch",
+) -> Engine:
+    """``server=sglang``: one :class:`SGLangEngine`, or a :class:`~evolm.server.fleet.Fleet`
+    of them, one server per GPU, when ``url`` or ``cuda_devices`` is a list.
+
+    ``url=[u1, u2]`` attaches to those servers; ``cuda_devices=[0, 1]`` launches one server per
+    entry, each seeing that GPU alone (``CUDA_VISIBLE_DEVICES``; a fixed ``port`` p gives
+    p, p+1, ...). Every other argument is :class:`SGLangEngine`'s, the same for each server.
+    """
+    common: dict[str, Any] = dict(
+        host=host,
+        python=python,
+        launch_module=launch_module,
+        extra_args=extra_args,
+        keep_alive=keep_alive,
+        startup_timeout_s=startup_timeout_s,
+        request_timeout_s=request_timeout_s,
+        retries=retries,
+        restarts=restarts,
+        self_test=self_test,
+        max_workers=max_workers,
+        max_lora_rank=max_lora_rank,
+        lora_target_modules=lora_target_modules,
+        max_loras_per_batch=max_loras_per_batch,
+        dtype=dtype,
+        attention_backend=attention_backend,
+        sampling_backend=sampling_backend,
+    )
+    urls = None if url is None or isinstance(url, str) else [str(u) for u in url]
+    gpus = None if cuda_devices is None or isinstance(cuda_devices, str | int) else cuda_devices
+    if urls is not None and gpus is not None:
+        raise ConfigError(
+            "cuda_devices",
+            "a list of GPUs to launch servers on, and a list of URLs to attach to",
+            "give one: server.url=[http://h:30000,http://h:30001] or server.cuda_devices=[0,1]",
+        )
+    if urls is None and gpus is None:
+        single = None if cuda_devices is None else str(cuda_devices)
+        return SGLangEngine(model_path, layout, url, port=port, cuda_devices=single, **common)
+    if not (urls or gpus):
+        raise ConfigError("url", "an empty list of servers", "name at least one URL or GPU")
+    from evolm.server.fleet import Fleet, start_all
+
+    def attach(u: str) -> Callable[[], Engine]:
+        return lambda: SGLangEngine(model_path, layout, u, port=None, **common)
+
+    def launch(i: int, gpu: str) -> Callable[[], Engine]:
+        at = None if port is None else port + i
+        return lambda: SGLangEngine(model_path, layout, None, port=at, cuda_devices=gpu, **common)
+
+    if urls is not None:
+        makers = [attach(u) for u in urls]
+    else:
+        makers = [launch(i, str(g)) for i, g in enumerate(gpus or [])]
+    return Fleet(start_all(makers))

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from evolm.lora.layout import LoraPopulation
 from evolm.lora.peft_io import save_adapter
 
@@ -59,8 +61,8 @@ Map = Callable[[Callable[..., Any], list[tuple[Any, ...]]], list[Any]]
 class AdapterStage:
     """One engine's staged adapters: a generation's members written, named and removed."""
 
-    def __init__(self, run: str, base_model: str) -> None:
-        self.run, self.base_model = run, base_model
+    def __init__(self, run: str, base_model: str, dtype: torch.dtype = torch.float32) -> None:
+        self.run, self.base_model, self.dtype = run, base_model, dtype
         self.root = adapter_root(run)
 
     def names(self, generation: int, members: int) -> list[str]:
@@ -77,7 +79,8 @@ class AdapterStage:
         )
 
     def _write(self, path: Path, adapters: LoraPopulation, member: int) -> str:
-        return str(save_adapter(path, adapters.layout, adapters.member(member), self.base_model))
+        tensors = adapters.member(member)
+        return str(save_adapter(path, adapters.layout, tensors, self.base_model, self.dtype))
 
     def remove(self, generation: int) -> None:
         shutil.rmtree(self.folder(generation), ignore_errors=True)

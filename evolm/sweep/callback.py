@@ -3,10 +3,13 @@
 Runs in the sweeping process, around the trials:
 
 - start: checks the search space against the server (a persistent server's
-  ``max_lora_rank`` must cover every rank searched: else the sweep ends before any trial),
+  ``max_lora_rank`` must cover every rank searched: else the sweep ends before any trial) and
+  the study's sqlite file, marks FAIL the RUNNING trials of dead processes
+  (:mod:`evolm.sweep.stale`),
   creates the folders of sqlite URLs, opens the study's MLflow parent run
   (:mod:`evolm.tracking.sweep`) and exports its id and store to the trials' MLflow logger
   (``MLFLOW_PARENT_RUN_ID``, ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``);
+- before each trial: records its owner process on the trial;
 - after each trial: the best trial so far onto the parent;
 - end: the final best from the study, and how many engines the sweep started (one, unless the
   ``server`` node changed between trials).
@@ -30,7 +33,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from evolm.errors import ConfigError
-from evolm.sweep.study import Finished, summarize
+from evolm.sweep import stale
+from evolm.sweep.study import Finished, study_counts, summarize
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,7 @@ class SweepCallback(Callback):
         self.parent: Any = None  # evolm.tracking.sweep.SweepRun (mlflow imports lazily)
         self.space: dict[str, str] = {}
         self.own: list[Finished] = []  # the trials this process ran
+        self.first_error: str | None = None  # of the first trial of this process that failed
 
     # -- Hydra hooks -----------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -111,6 +116,7 @@ class SweepCallback(Callback):
         self.space = search_space(config)
         try:  # Hydra turns a callback's exception into a warning: end the sweep here
             check_rank_cover(config, self.space)
+            stale.check_storage(sweeper.get("storage"))
             if self.tracking_uri is not None and sweeper.get("study_name") is None:
                 raise ConfigError(
                     "hydra.sweeper.study_name",
@@ -121,6 +127,7 @@ class SweepCallback(Callback):
             log.error("bad configuration: %s", e)
             raise SystemExit(2) from None
         ensure_sqlite_dir(sweeper.get("storage"))
+        stale.fail_stale_trials(sweeper)
         if self.tracking_uri is None:
             return
         from evolm.tracking.sweep import PARENT_ENV, SweepRun
@@ -147,10 +154,20 @@ class SweepCallback(Callback):
         sweeps = {k: v for k, v in self.space.items() if _is_sweep(v)}
         self.parent.record_search(sweeps, settings)
 
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Record this process as the owner of the trial (evolm.sweep.stale)."""
+        try:
+            overrides = config.hydra.overrides.task
+            stale.claim_trial(config.hydra.sweeper, self._params(overrides))
+        except Exception as e:  # best effort: never ends a sweep
+            log.debug("could not record the trial's owner: %s", e)
+
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         value = None
         if job_return.status is JobStatus.COMPLETED:
             value = _finite(job_return._return_value)  # NaN: optuna records a failure
+        if value is None and self.first_error is None:
+            self.first_error = _error_text(job_return)
         done = Finished(self._params(job_return.overrides or ()), value)
         self.own.append(done)
         self._update(config, pending=done)
@@ -165,15 +182,31 @@ class SweepCallback(Callback):
             POOL.reused,
             LocalEngine.loads,
         )
-        if self.own and all(f.value is None for f in self.own):
-            log.error(
-                "all %d trials of this sweep failed: their errors are in %s/<trial>/*.log",
-                len(self.own),
-                config.hydra.sweep.dir,
-            )
         self._update(config, pending=None)
         if self.parent is not None:
             self.parent.finish()
+        if self.own and all(f.value is None for f in self.own):
+            self._all_failed(config)
+
+    def _all_failed(self, config: DictConfig) -> None:
+        """Every trial of this process failed. If the study holds no completed trial either,
+        Optuna's sweeper would end on ``ValueError: Record does not exist.`` (it asks for the
+        best trial): end the sweep here instead, with evolm's message and exit status 1."""
+        message = (
+            f"all {len(self.own)} trials of this sweep failed (first error: "
+            f"{self.first_error or 'see the logs'}); every trial's log is in "
+            f"{config.hydra.sweep.dir}/<trial>/*.log"
+        )
+        try:
+            complete, _ = study_counts(config.hydra.sweeper)
+        except Exception as e:  # an unreadable study: the sweeper cannot go on either
+            log.warning("could not read the study: %s", e)
+            complete = 0
+        if complete:
+            log.error("%s; the study's best trial is unchanged", message)
+            return
+        log.error("%s. Fix the error above and run the sweep again", message)
+        raise SystemExit(1)
 
     # -- helpers ---------------------------------------------------------------------------
     def _params(self, overrides: Sequence[str]) -> dict[str, Any]:
@@ -195,6 +228,14 @@ class SweepCallback(Callback):
 def _is_sweep(expression: str) -> bool:
     [o] = OverridesParser.create().parse_overrides([f"x={expression}"])
     return o.is_sweep_override()
+
+
+def _error_text(job_return: JobReturn) -> str:
+    """What a finished trial returned instead of a value: its exception, or the value."""
+    value = job_return._return_value
+    if isinstance(value, BaseException):
+        return str(value) or type(value).__name__
+    return f"it returned {value!r}, not a finite number"
 
 
 def _finite(value: object) -> float | None:

@@ -12,6 +12,7 @@ import optuna
 from omegaconf import DictConfig
 from optuna.trial import FrozenTrial, TrialState
 
+from evolm.tracking.store import sqlite_lock
 from evolm.tracking.sweep import Best
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,23 @@ def count_trials(sweeper: DictConfig) -> int:
     if sweeper.storage is None or sweeper.study_name is None:
         return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    names = optuna.get_all_study_names(storage=sweeper.storage)
+    with sqlite_lock(sweeper.storage):  # a fresh store's tables: created by one worker
+        names = optuna.get_all_study_names(storage=sweeper.storage)
     if sweeper.study_name not in names:
         return 0
     return len(load_study(sweeper).get_trials(deepcopy=False))  # type: ignore[union-attr]
+
+
+def study_counts(sweeper: DictConfig) -> tuple[int, int]:
+    """``(complete, failed)`` trials of the sweep's study (``(0, 0)`` in memory or missing)."""
+    if sweeper.storage is None or sweeper.study_name is None:
+        return 0, 0
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if sweeper.study_name not in optuna.get_all_study_names(storage=sweeper.storage):
+        return 0, 0
+    trials = load_study(sweeper).get_trials(deepcopy=False)  # type: ignore[union-attr]
+    complete = sum(t.state is TrialState.COMPLETE for t in trials)
+    return complete, sum(t.state is TrialState.FAIL for t in trials)
 
 
 def summarize(

@@ -59,11 +59,51 @@ class Task(Protocol):
         ...
 
     # -- optional hooks (no-op defaults) ----------------------------------------------------
+    def preflight(self) -> None:
+        """Called before any model loads: check what the task needs outside this process (a
+        scoring service) and raise :class:`~evolm.errors.ConfigError` naming the key and the
+        fix, so a run that cannot score fails in seconds instead of after the model load."""
+
+    row_scores: bool = True
+    """Whether a completion's scores depend only on it and its example. True: in a
+    distributed run (:mod:`evolm.dist`) each rank scores its own rows and the ranks all-gather
+    the scores. False (a reward that compares a member's completions with each other, or a
+    batch-dependent scorer): the ranks all-gather the completions, rank 0 scores the whole
+    population in one call, as one process does, and broadcasts the scores."""
+
     def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:
         """Called after each generation's ES update with the mean of every score key over all
         its completions (``{"reward": ..., "cost": ...}``). It may adapt task state (the scorer
         task's Lagrange multiplier); the numbers returned are logged as ``train/<name>``."""
         return {}
+
+
+MAX_RECORD_CHARS = 32_768
+"""The longest record (one JSON line, or a Countdown prompt) a data file may hold: prompts
+longer than this would stall generation (prefill grows with the square of the length)."""
+
+
+def read_text(p: Path, key: str) -> str:
+    """The UTF-8 text of the data file ``p`` (``key`` names the config key), or ConfigError."""
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            key,
+            f"data file {str(p)!r} is not UTF-8 text (byte {e.start}: {e.reason})",
+            "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
+
+
+def check_record_size(text: str, where: str, key: str) -> None:
+    """Refuse a record longer than :data:`MAX_RECORD_CHARS` characters."""
+    if len(text) > MAX_RECORD_CHARS:
+        raise ConfigError(
+            key,
+            f"{where} is {len(text)} characters long, over the limit of {MAX_RECORD_CHARS} "
+            "(a prompt that long would stall generation)",
+            "shorten or split that record",
+        )
 
 
 def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict[str, Any]]:
@@ -79,15 +119,22 @@ def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict
             f"point {key} at a JSON-lines file with fields {list(required)}",
         )
     records = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(read_text(p, key).splitlines(), start=1):
         if not line.strip():
             continue
+        check_record_size(line, f"{p}:{n}", key)
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(
                 key, f"{p}:{n} is not valid JSON ({e.msg})", "write one JSON object per line"
             ) from None
+        if not isinstance(rec, dict):
+            raise ConfigError(
+                key,
+                f"{p}:{n} is a JSON {type(rec).__name__}, not an object",
+                f"write one JSON object per line, with the fields {list(required)}",
+            )
         missing = [f for f in required if f not in rec]
         if missing:
             raise ConfigError(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from evolm.errors import ConfigError
+from evolm.task.base import check_record_size, read_text
 from evolm.task.countdown_reward import format_target, paper_prompt, parse_target
 
 __all__ = ["FIELDS", "generate_puzzle", "generate_puzzles", "load_countdown_json"]
@@ -179,13 +180,15 @@ def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, A
             f"data file {str(p)!r} does not exist",
             "point it at a Countdown JSON (array) or JSON-lines file",
         )
-    text = p.read_text(encoding="utf-8")
+    text = read_text(p, key)
     is_array = text.lstrip().startswith("[")
     chunks = [(1, text)] if is_array else list(enumerate(text.splitlines(), start=1))
     raw: list[Any] = []
     for lineno, chunk in chunks:
         if not chunk.strip():
             continue
+        if not is_array:
+            check_record_size(chunk, f"{p}:{lineno}", key)
         try:
             parsed = json.loads(chunk)
         except json.JSONDecodeError as e:
@@ -235,6 +238,7 @@ def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, A
         out["id"] = rec.get("id", pos)
         out["target"] = target_text
         out["context"] = rec.get("context") or paper_prompt(numbers, target_text)
+        check_record_size(str(out["context"]), f"{where}'s prompt", key)
         out["solution"] = rec.get("solution")
         records.append(out)
     return records

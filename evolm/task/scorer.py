@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit
 import requests
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from evolm.errors import ConfigError
+from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
 from evolm.task.base import Example, Sampling, Scores, Task, cycling_window, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -28,11 +29,13 @@ DEFAULT_TEMPLATE = "BEGINNING OF CONVERSATION: USER: {x} ASSISTANT:"
 MAX_BACKOFF_S = 30.0
 
 
-class ScorerError(RuntimeError):
-    """The scorer service answered, but not with scores (HTTP 4xx or a malformed body)."""
+class ScorerError(RunAborted):
+    """The scorer service answered, but not with scores (HTTP 4xx, a malformed body, or a
+    reward/cost that is not a finite number): the run stops at once (exit 3) with this
+    message, which names the service and the field."""
 
 
-class ScorerUnavailable(ConnectionError):
+class ScorerUnavailable(ServiceUnavailable, ConnectionError):
     """The scorer service gave no usable answer after every retry."""
 
 
@@ -96,9 +99,22 @@ class ScorerClient:
                 raise ScorerError(
                     f"scorer at {self.url} must answer {n} rewards and costs, got {answer!r:.200}"
                 )
-            rewards += [float(x) for x in r]
-            costs += [float(x) for x in c]
+            rewards += self._numbers(r, "rewards", i)
+            costs += self._numbers(c, "costs", i)
         return rewards, costs
+
+    def _numbers(self, values: list[Any], field: str, offset: int) -> list[float]:
+        """``values`` as floats, or ScorerError naming the first that is not a finite number
+        (NaN, inf, a string, null, a bool)."""
+        for j, x in enumerate(values):
+            ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+            if not ok:
+                raise ScorerError(
+                    f"scorer service at task.url={self.url} answered {field}[{offset + j}] = "
+                    f"{x!r:.50}, not a finite number; fix the service's scorer (every reward and "
+                    "cost must be a finite float)"
+                )
+        return [float(x) for x in values]
 
     def _call(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
         retrying = Retrying(
@@ -148,6 +164,15 @@ class ScorerClient:
         )
 
 
+def _short(error: BaseException | None) -> str:
+    """``connection refused``, ``timed out``, ... rather than urllib3's paragraph."""
+    text = str(error)
+    for words in ("Connection refused", "timed out", "Name or service not known"):
+        if words in text:
+            return words.lower()
+    return text[:200]
+
+
 def _error_text(resp: requests.Response) -> str:
     try:
         return str(resp.json().get("error", resp.text))[:500]
@@ -164,8 +189,8 @@ class Scorer(Task):
     """The scorer task: prompts from a file, rewards and costs from the scorer service.
 
     Args:
-        url: the scorer service (``python -m evolm.task.scorer_server``). Not contacted until
-            the first completions are scored; its health is checked then.
+        url: the scorer service (``python -m evolm.task.scorer_server``). Not contacted by the
+            constructor; :meth:`preflight` checks its health before any model loads.
         prompts_file: JSON lines with a field ``prompt``; ``None``: evolm's bundled prompts.
         train_size: the first ``train_size`` prompts are the training split, the rest eval.
         samples_per_generation: training prompts per generation, in cycling windows.
@@ -233,6 +258,30 @@ class Scorer(Task):
 
     def eval_examples(self) -> list[Example]:
         return self.eval
+
+    def preflight(self) -> None:
+        """``GET /health`` of the service before any model loads (the client's retries and
+        backoff, quietly): a scorer that is not running is a ConfigError naming ``url`` and
+        how to start one."""
+        client, error = self.client, None
+        for attempt in range(client.retries + 1):
+            if attempt:
+                time.sleep(min(client.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
+            try:
+                log.info("scorer service %s: %s", client.url, client._once("GET", "/health", None))
+                self._checked = True
+                return
+            except _TRANSIENT as e:
+                error = e
+        parts = urlsplit(client.url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 8765
+        raise ConfigError(
+            "url",
+            f"no scorer service answers at {client.url} ({client.retries + 1} attempt(s), "
+            f"last: {_short(error)})",
+            f"start it first: `python -m evolm.task.scorer_server --host {host} --port {port}` "
+            f"(or `launchers/scorer.sh {host} {port}`), or set task.url to a running service",
+        )
 
     def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
         if not self._checked:  # lazily: constructing the task must not need the service

@@ -1,7 +1,7 @@
 """A STAND-IN for an SGLang server, for tests on machines without a GPU. It is not SGLang.
 
 It follows the HTTP contract of SGLang 0.5.17's dynamic multi-LoRA serving as written down in
-``shared/docs/serving.md``, and generates with evolm's real :class:`LocalEngine` (CPU, fp32) on
+SGLang's documentation, and generates with evolm's real :class:`LocalEngine` (CPU, fp32) on
 the adapters it loaded from disk (read with :func:`evolm.lora.load_adapter`)::
 
     python -m evolm.testing.sglang_standin --model-path DIR --port P --enable-lora \

@@ -9,7 +9,8 @@ once per condition, when for ``patience`` generations in a row
 
 naming the likely causes and the keys to change, tags the run (``ctx.tags``, which the MLflow
 logger copies onto the MLflow run: ``evolm.health``), and with ``abort=true`` ends the run with
-:class:`~evolm.errors.RunAborted`.
+:class:`~evolm.errors.RunAborted`. A generation in which more than ``max_nonfinite`` of the
+members had a NaN/inf fitness (they rank worst) ends the run at once.
 """
 
 from __future__ import annotations
@@ -52,12 +53,30 @@ class LearningMonitor(Callback):
     Args:
         patience: generations in a row a condition must hold before it is reported (>= 1).
         abort: end the run with RunAborted instead of going on after the warning.
+        population_size: members per generation (``${es.population_size}``), for the fraction
+            below; null: that check is off.
+        max_nonfinite: the largest fraction of a generation's members whose fitness may be
+            non-finite (NaN/inf rewards: they rank worst and the run goes on); more, and the
+            run stops at once with RunAborted, whatever ``abort`` says (1.0: never).
     """
 
-    def __init__(self, patience: int = 3, abort: bool = False) -> None:
+    every_rank = True  # its abort must stop every rank of a distributed run alike
+
+    def __init__(
+        self,
+        patience: int = 3,
+        abort: bool = False,
+        population_size: int | None = None,
+        max_nonfinite: float = 0.5,
+    ) -> None:
         if patience < 1:
             raise ConfigError("patience", f"must be >= 1, got {patience}", "e.g. 3")
+        if not 0.0 <= max_nonfinite <= 1.0:
+            raise ConfigError(
+                "max_nonfinite", f"must be in [0, 1], got {max_nonfinite}", "e.g. 0.5 (1.0: off)"
+            )
         self.patience, self.abort = patience, abort
+        self.population_size, self.max_nonfinite = population_size, max_nonfinite
         self.streaks: dict[str, int] = dict.fromkeys(ADVICE, 0)
         self.reported: set[str] = set()
 
@@ -68,6 +87,7 @@ class LearningMonitor(Callback):
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         if M.FITNESS_STD not in record:
             return  # the start's eval record
+        self._check_nonfinite(record)
         std, mean = record[M.FITNESS_STD], record[M.FITNESS_MEAN]
         now = {
             "no_fitness": not math.isfinite(mean),
@@ -78,6 +98,19 @@ class LearningMonitor(Callback):
             self.streaks[condition] = self.streaks[condition] + 1 if holds else 0
             if self.streaks[condition] >= self.patience and condition not in self.reported:
                 self._report(ctx, condition, record)
+
+    def _check_nonfinite(self, record: Record) -> None:
+        """Stop the run when more than ``max_nonfinite`` of the members had no finite fitness."""
+        n, bad = self.population_size, int(record.get(M.FITNESS_NONFINITE, 0))
+        if not n or bad <= self.max_nonfinite * n:
+            return
+        raise RunAborted(
+            f"{bad} of {n} members ({bad / n:.0%}) had a NaN or infinite fitness in generation "
+            f"{record[M.GENERATION]}, more than callbacks.health.max_nonfinite="
+            f"{self.max_nonfinite}: the task's rewards are NaN or infinite (check task.* and "
+            "its data, or the scorer service). Such members rank worst; to go on regardless, "
+            "raise callbacks.health.max_nonfinite (1.0: never stop)"
+        )
 
     def _report(self, ctx: RunContext, condition: str, record: Record) -> None:
         self.reported.add(condition)

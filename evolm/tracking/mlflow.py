@@ -38,6 +38,7 @@ from evolm.errors import ConfigError
 from evolm.es import ESState
 from evolm.loop import Callback, Record, RunContext
 from evolm.tracking.runinfo import flatten, git_commit
+from evolm.tracking.store import mlflow_client
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -197,13 +198,8 @@ class MLflowLogger(Callback):
         self._call(f"end the run as {status}", end)
 
     def _client(self) -> MlflowClient:
-        if self.client is None:
-            from mlflow import MlflowClient
-
-            if self.tracking_uri.startswith("sqlite:///"):  # sqlite cannot create the folder
-                db = Path(self.tracking_uri.removeprefix("sqlite:///")).expanduser()
-                db.parent.mkdir(parents=True, exist_ok=True)
-            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        if self.client is None:  # a fresh sqlite store: its folder and schema, created once
+            self.client = mlflow_client(self.tracking_uri)
         return self.client
 
     def _start(self) -> str:

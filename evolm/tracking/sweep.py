@@ -27,6 +27,8 @@ from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.time import get_current_time_millis
 
+from evolm.tracking.store import mlflow_client
+
 log = logging.getLogger(__name__)
 
 PARENT_ENV = "MLFLOW_PARENT_RUN_ID"
@@ -95,7 +97,7 @@ class SweepRun:
         storage: str | None,
         location: str | None = None,
     ) -> None:
-        self.client = MlflowClient(tracking_uri)
+        self.client = mlflow_client(tracking_uri)  # a fresh store's schema: created once
         location = artifact_location(tracking_uri, location)
         self.experiment_id = experiment_id(self.client, experiment_name, location)
         self.key = sweep_key(study_name, storage)

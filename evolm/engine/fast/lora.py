@@ -48,7 +48,8 @@ class GroupLora:
     adapted, its Bt columns are zero); ``splits``: the modules' output widths; ``spare``: the
     weight-buffer rows the base GEMM covers to produce ``u`` of ALL members after its ``out``
     columns (0: ``A`` has its own buffer and ``u`` is a ``bmm``); ``lo``: the first member of
-    this range.
+    this range; ``member [rows]``: each row's member (continuous batching: rows of any member in
+    any order; None: member-major equal blocks).
     """
 
     A: Tensor
@@ -57,6 +58,7 @@ class GroupLora:
     splits: tuple[int, ...]
     spare: int = 0
     lo: int = 0
+    member: Tensor | None = None
 
     @property
     def members(self) -> int:
@@ -100,7 +102,7 @@ def operand(acts: RankActs | None, lora: GroupLora | None) -> LoraOperand | None
     """What a fused kernel needs of a group's pending second product (None: no LoRA)."""
     if acts is None or lora is None:
         return None
-    return LoraOperand(acts.u, acts.member_stride, lora.Bt, lora.offsets)
+    return LoraOperand(acts.u, acts.member_stride, lora.Bt, lora.offsets, lora.member)
 
 
 def project(
@@ -108,6 +110,12 @@ def project(
 ) -> tuple[Tensor, RankActs | None]:
     """``(bias + x W^T, u)`` for ``x [rows, in]``; ``weight [out + spare rows, in]`` is the
     projection's whole buffer (its first ``out`` rows are W)."""
+    if lora is not None and lora.member is not None:  # rows of any member: every member's u
+        if lora.spare == 0:
+            base = _linear(x, weight, bias, out)
+            return base, RankActs(x @ lora.A.reshape(-1, x.shape[-1]).t(), lora.cols)
+        y = _linear(x, weight, bias, out + lora.spare)
+        return y[:, :out], RankActs(y[:, out : out + lora.members * lora.cols], lora.cols)
     if lora is None or lora.spare == 0:
         base = _linear(x, weight, bias, out)
         if lora is None:
@@ -128,8 +136,34 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rows: int) -> Tensor
     return x @ w.t() if bias is None else torch.addmm(bias[:rows], x, w.t())
 
 
+ROW_CHUNK = 1024  # rows of per-row-member deltas computed at once (bounds the gathered Bt)
+
+
+def _row_delta(acts: RankActs, lora: GroupLora) -> Tensor:
+    """:func:`lora_delta` where each row names its member (``lora.member``): Bt gathered per
+    row, ``ROW_CHUNK`` rows at a time."""
+    assert lora.member is not None
+    rows, member = acts.u.shape[0], lora.member.long()
+    u = acts.u.unflatten(1, (lora.members, lora.cols))[torch.arange(rows), member]
+    out = torch.empty(rows, lora.Bt.shape[-1], dtype=lora.Bt.dtype, device=u.device)
+    for lo in range(0, rows, ROW_CHUNK):
+        hi = min(rows, lo + ROW_CHUNK)
+        bt, col = lora.Bt[member[lo:hi]], 0
+        for off, width in zip(lora.offsets, lora.splits, strict=True):
+            part = out[lo:hi, col : col + width]
+            if off < 0:
+                part.zero_()
+            else:
+                ur = u[lo:hi, None, off : off + lora.rank].to(bt.dtype)
+                part.copy_(torch.bmm(ur, bt[:, :, col : col + width])[:, 0])
+            col += width
+    return out
+
+
 def lora_delta(acts: RankActs, lora: GroupLora) -> Tensor:
     """``[rows, out]``: every module's ``u_j Bt_j`` in its output columns (eager)."""
+    if lora.member is not None:
+        return _row_delta(acts, lora)
     u = acts.per_member(lora.members, lora.cols)
     parts, lo = [], 0
     for off, width in zip(lora.offsets, lora.splits, strict=True):
@@ -218,6 +252,10 @@ class FastLora:
         """Members ``lo:hi`` (for prefill chunks), sharing the buffers."""
         return FastLoraView(self, lo, hi)
 
+    def rows(self, member: Tensor) -> FastLoraRows:
+        """Rows of any members in any order: row ``i`` is member ``member[i]``."""
+        return FastLoraRows(self, member)
+
     def nbytes(self) -> int:
         """Bytes of the buffers this object owns (``A`` in weight buffers not counted)."""
         own = [g.Bt for g in self.groups.values()]
@@ -234,3 +272,18 @@ class FastLoraView:
     def get(self, layer: int, group: str) -> GroupLora | None:
         g = self.lora.get(layer, group)
         return None if g is None else g.sub(self.lo, self.hi)
+
+
+class FastLoraRows:
+    """A :class:`FastLora` for rows that each name their member (continuous batching)."""
+
+    def __init__(self, lora: FastLora, member: Tensor) -> None:
+        self.lora, self.member = lora, member
+        self._groups: dict[tuple[int, str], GroupLora | None] = {}
+
+    def get(self, layer: int, group: str) -> GroupLora | None:
+        key = (layer, group)
+        if key not in self._groups:
+            g = self.lora.get(layer, group)
+            self._groups[key] = None if g is None else replace(g, member=self.member)
+        return self._groups[key]

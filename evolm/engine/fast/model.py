@@ -35,6 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from evolm.engine.fast.lora import (
     FastLora,
+    FastLoraRows,
     FastLoraView,
     GroupLora,
     RankActs,
@@ -44,7 +45,7 @@ from evolm.engine.fast.lora import (
 from evolm.engine.fast.ops import Ops, default_mode
 from evolm.engine.fast.weights import Proj, unsupported_reason
 
-LoraLike = FastLora | FastLoraView | None
+LoraLike = FastLora | FastLoraView | FastLoraRows | None
 Pending = tuple[Tensor, RankActs | None, GroupLora | None]
 """An o / down output not yet added to the residual: ``(y, u, its group)``."""
 
@@ -204,7 +205,7 @@ class FastModel:
         lora: LoraLike,
         cos: Tensor,
         sin: Tensor,
-        cache: tuple[Tensor, Tensor, Tensor] | None = None,
+        cache: tuple[Tensor, ...] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """q ``[T, heads, hd]``, k and v ``[T, kv_heads, hd]`` (RoPE applied) for normed ``h``;
         ``cos``/``sin`` are ``[T, 1, hd]``. With ``cache = (k_cache, v_cache, slot)`` (decode)
@@ -231,7 +232,7 @@ class FastModel:
         sin: Tensor,
         mask: Tensor | None,
         cache: KVCache,
-        rows: slice,
+        rows: slice | Tensor,
         lora: LoraLike,
     ) -> Tensor:
         """Run prompts ``ids [r, L]`` (member-major, left-padded), write their K/V into cache
@@ -249,8 +250,8 @@ class FastModel:
                 t.view(r, length, -1, self.head_dim).transpose(1, 2)  # type: ignore[union-attr]
                 for t in self._qkv(i, w, h, lora, cos, sin)
             )
-            cache.k[i, rows, :, :length] = k
-            cache.v[i, rows, :, :length] = v
+            cache.k[i][rows, :, :length] = k
+            cache.v[i][rows, :, :length] = v
             attn = self._prefill_attention(q, k, v, mask)
             attn = attn.transpose(1, 2).reshape(r * length, self.q_out)
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
@@ -303,6 +304,51 @@ class FastModel:
                 attn = self.ops.decode_attention(q, kc, vc, bias)
             else:
                 with self._decode_backend():
+                    attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
+            attn = attn.reshape(rows, self.q_out)
+            h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
+            pending = self._mlp(i, w, h, lora)
+        return self.add_norm(x, pending, self.norm)
+
+    def decode_slots(
+        self,
+        tokens: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        sel: Tensor,
+        pos: Tensor,
+        lo: Tensor,
+        cache: KVCache,
+        lora: LoraLike,
+    ) -> Tensor:
+        """One token per row for continuous batching: row ``b`` lives in cache row ``sel[b]``,
+        writes its K/V at position ``pos[b]`` and attends over positions ``lo[b]..pos[b]``
+        (its own prompt and completion, whatever the other rows' lengths). ``lora``: per-row
+        members (:meth:`FastLora.rows`). Returns the final-normed hidden states. No host sync."""
+        rows = tokens.shape[0]
+        group = self.heads // self.kv_heads
+        x = F.embedding(tokens, self.embed)
+        cos, sin = cos[:, None], sin[:, None]
+        hi = pos + 1
+        bias4 = None
+        if self.ops.slot_attention is None or self.decode_sdpa is not None:
+            span = torch.arange(cache.k.shape[3], device=tokens.device)
+            allowed = (span >= lo[:, None]) & (span < hi[:, None])
+            neg = torch.finfo(x.dtype).min
+            bias4 = torch.where(allowed, 0.0, neg).to(x.dtype)[:, None, None]
+        pending: Pending | None = None
+        for i, w in enumerate(self.layers):
+            h = self.add_norm(x, pending, w.ln1)
+            q, k, v = self._qkv(i, w, h, lora, cos, sin, (cache.k[i], cache.v[i], sel, pos))
+            if k is not None and v is not None:  # not written by the fused kernel
+                cache.k[i][sel, :, pos] = k
+                cache.v[i][sel, :, pos] = v
+            q = q.reshape(rows, self.kv_heads, group, self.head_dim)
+            if bias4 is None:
+                attn = self.ops.slot_attention(q, cache.k[i], cache.v[i], sel, lo, hi)  # type: ignore[misc]
+            else:
+                with self._decode_backend():
+                    kc, vc = cache.k[i][sel], cache.v[i][sel]
                     attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
             attn = attn.reshape(rows, self.q_out)
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)

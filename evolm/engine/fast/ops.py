@@ -80,6 +80,7 @@ class Ops:
         self.rope: Callable[[Tensor, Tensor, Tensor], Tensor] = rope
         self.silu_mul: Callable[..., Tensor] = silu_mul
         self.decode_attention: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
+        self.slot_attention: Callable[..., Tensor] | None = None  # continuous batching's
         self.qkv_rope: Callable[..., Tensor] | None = None
         self.add_rms_norm: Callable[..., Tensor] | None = None
         self.norm_max_hidden = 0
@@ -92,3 +93,4 @@ class Ops:
             self.add_rms_norm = fused.add_rms_norm
             self.norm_max_hidden = fused.NORM_MAX_HIDDEN
             self.decode_attention = attention.decode_attention
+            self.slot_attention = attention.slot_attention

@@ -14,17 +14,20 @@ from torch import Tensor
 class LoraOperand(NamedTuple):
     """The second LoRA product a kernel adds to its input, for every row.
 
-    Row ``i`` of member ``m = i // (rows / M)`` adds, for the group's module ``j``,
+    Row ``i`` of member ``m = i // (rows / M)`` (or ``m = member[i]`` where ``member`` is
+    given: continuous batching, rows of any member in any order) adds, for module ``j``,
     ``u[i, m * u_member_stride + offsets[j] :][:rank] @ bt[m, :, module j's columns]``.
 
     - ``u [rows, ...]``: rank-space activations (``u_member_stride`` 0: each row's own
       ``[rows, c]``; else all members' columns side by side, as the base GEMM writes them);
     - ``bt [M, rank, out]``: every member's ``B^T`` pre-multiplied by the LoRA scaling;
     - ``offsets``: each module's first rank column in ``u`` (-1: not adapted, its ``bt``
-      columns are zero).
+      columns are zero);
+    - ``member [rows]`` (int32 or int64, optional): each row's member.
     """
 
     u: Tensor
     u_member_stride: int
     bt: Tensor
     offsets: tuple[int, ...]
+    member: Tensor | None = None

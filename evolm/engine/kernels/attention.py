@@ -69,3 +69,74 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
         num_warps=4,
     )  # fmt: skip
     return out.view(rows, -1)
+
+
+@triton.jit
+def _slot_attention_kernel(
+    q_ptr, k_ptr, v_ptr, sel_ptr, lo_ptr, hi_ptr, out_ptr,
+    sq_r, sq_h, sq_g, sk_r, sk_h, sk_n, sv_r, sv_h, sv_n, so_r, so_h, so_g,
+    kv_heads, scale,
+    G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    r, h = pid // kv_heads, pid % kv_heads
+    slot = tl.load(sel_ptr + r).to(tl.int64)
+    lo = tl.load(lo_ptr + r).to(tl.int32)
+    hi = tl.load(hi_ptr + r).to(tl.int32)
+    offs_g, offs_d = tl.arange(0, G_PAD), tl.arange(0, HD)
+    g_ok = offs_g[:, None] < G
+    q = tl.load(q_ptr + r * sq_r + h * sq_h + offs_g[:, None] * sq_g + offs_d[None, :], mask=g_ok)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, HD], tl.float32)
+    k_row = k_ptr + slot * sk_r + h * sk_h
+    v_row = v_ptr + slot * sv_r + h * sv_h
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        k = tl.load(k_row + offs_n[:, None] * sk_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.where(n_ok[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_row + offs_n[:, None] * sv_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_off = r * so_r + h * so_h + offs_g[:, None] * so_g + offs_d[None, :]
+    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok)
+
+
+SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3}  # H200: 4.0 TB/s (slot_tune)
+
+
+def slot_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sel: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    tune: dict[str, int] | None = None,
+) -> Tensor:
+    """Continuous batching's decode attention: ``q [B, kv_heads, g, hd]``; row ``b`` attends
+    over positions ``lo[b] <= n < hi[b]`` of cache row ``sel[b]`` of ``k``/``v [C, kv_heads,
+    T, hd]`` (no mask tensor: each row streams only its own length). ``[B, kv_heads*g*hd]``."""
+    rows, kv_heads, g, hd = q.shape
+    t = tune or SLOT_TUNE
+    out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
+    g_pad = max(16, triton.next_power_of_2(g))
+    _slot_attention_kernel[(rows * kv_heads,)](
+        q, k, v, sel, lo, hi, out,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        kv_heads, hd**-0.5,
+        G=g, G_PAD=g_pad, HD=hd, BLOCK_N=t["block_n"],
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=t["warps"], num_stages=t["stages"],
+    )  # fmt: skip
+    return out.view(rows, -1)

@@ -51,12 +51,19 @@ def _lora_args(
     return u, bt, u.stride(0), lora.u_member_stride, bt.stride(0), bt.stride(1), bt.shape[1], offs
 
 
+def _member(lora: LoraOperand | None, like: Tensor) -> tuple[Tensor, bool]:
+    """Each row's member ids (continuous batching) and whether there are any."""
+    if lora is None or lora.member is None:
+        return like, False
+    return lora.member, True
+
+
 @triton.jit
 def _silu_mul_kernel(
-    x_ptr, u_ptr, b_ptr, out_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
+    x_ptr, u_ptr, b_ptr, out_ptr, mem_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
     off_g, off_u,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, BLOCK: tl.constexpr,
-    DOT: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
+    DOT: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, MEMBER: tl.constexpr,
 ):  # fmt: skip
     tb, blk = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -66,7 +73,18 @@ def _silu_mul_kernel(
     at = x_ptr + rows[:, None] * sx + cols[None, :]
     gate = tl.load(at, mask=ok).to(tl.float32)
     up = tl.load(at + inter, mask=ok).to(tl.float32)
-    if HAS_LORA and DOT:  # + u_j Bt_j (gate: module 0, up: module 1) as two tl.dot
+    if HAS_LORA and MEMBER:  # each row its own member: rank-1 updates over gathered Bt rows
+        mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+        u_row = u_ptr + rows * su + mv * su_m
+        b_at = b_ptr + mv[:, None] * sb_m + cols[None, :]
+        for c in tl.static_range(R):
+            u_g = tl.load(u_row + off_g + c, mask=r_ok, other=0.0).to(tl.float32)
+            u_u = tl.load(u_row + off_u + c, mask=r_ok, other=0.0).to(tl.float32)
+            b_g = tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
+            b_u = tl.load(b_at + c * sb_c + inter, mask=ok, other=0.0).to(tl.float32)
+            gate += u_g[:, None] * b_g
+            up += u_u[:, None] * b_u
+    elif HAS_LORA and DOT:  # + u_j Bt_j (gate: module 0, up: module 1) as two tl.dot
         m = (tb * BT) // rpm
         offs_c = tl.arange(0, C)
         u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
@@ -104,27 +122,33 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     has = lora is not None
-    rpm = rows // lora.bt.shape[0] if lora is not None else 1
+    mem, per_row = _member(lora, gate_up)
+    rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["silu"]
     bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
+    if per_row:
+        bt_rows = 16
     block = tune["elems"] // bt_rows if lora is not None else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
+    dot = bool(tune["dot"]) and bt_rows >= 16 and not per_row
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
-        gate_up, up_, bt, out, rows, inter,
+        gate_up, up_, bt, out, mem, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
-        HAS_LORA=has, R=rank, BT=bt_rows, BLOCK=block, DOT=bool(tune["dot"]) and bt_rows >= 16,
-        C=_dot_cols(rank), PRECISION=_precision(gate_up), num_warps=tune["warps"] if has else 8,
+        HAS_LORA=has, R=rank, BT=bt_rows, BLOCK=block, DOT=dot, C=_dot_cols(rank),
+        PRECISION=_precision(gate_up), MEMBER=per_row, num_warps=tune["warps"] if has else 8,
     )  # fmt: skip
     return out
 
 
 @triton.jit
 def _qkv_rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, u_ptr, b_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr,
+    x_ptr, cos_ptr, sin_ptr, u_ptr, b_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, mem_ptr,
+    crow_ptr, cpos_ptr,
     n_rows, q_heads, rot_heads, sx_t, sx_h, sc_t, su, su_m, sb_m, sb_c, so_t, so_h,
     skc_r, skc_h, skc_n, svc_r, svc_h, svc_n, rpm, off_q, off_k, off_v,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr,
     TO_CACHE: tl.constexpr, DOT: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
+    MEMBER: tl.constexpr, PER_ROW: tl.constexpr,
 ):  # fmt: skip
     tb, h = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -133,7 +157,16 @@ def _qkv_rope_kernel(
     at = x_ptr + rows[:, None] * sx_t + h * sx_h + offs_d[None, :]
     x1 = tl.load(at, mask=ok).to(tl.float32)
     x2 = tl.load(at + HALF, mask=ok).to(tl.float32)
-    if HAS_LORA and DOT:  # + u_j Bt_j on this head's columns (j: its module, q, k or v)
+    if HAS_LORA and MEMBER:  # each row its own member: gathered Bt rows
+        mv = tl.load(mem_ptr + rows, mask=rows < n_rows, other=0).to(tl.int64)
+        off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
+        u_row = u_ptr + rows * su + mv * su_m + off
+        b_at = b_ptr + mv[:, None] * sb_m + h * 2 * HALF + offs_d[None, :]
+        for c in tl.static_range(R):
+            u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
+            x1 += u * tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
+            x2 += u * tl.load(b_at + c * sb_c + HALF, mask=ok, other=0.0).to(tl.float32)
+    elif HAS_LORA and DOT:  # + u_j Bt_j on this head's columns (j: its module, q, k or v)
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
         offs_c = tl.arange(0, C)
@@ -165,11 +198,17 @@ def _qkv_rope_kernel(
     tl.store(o_at, o1.to(ty), mask=ok)
     tl.store(o_at + HALF, o2.to(ty), mask=ok)
     if TO_CACHE:  # decode: k and v heads also go straight into cache slot ``slot``
-        slot = tl.load(slot_ptr)
         hs = tl.full([BT, 1], h, tl.int32)  # the head as a tensor: masks stay [BT, 1]
         is_k, is_v = ok & (hs >= q_heads) & (hs < rot_heads), ok & (hs >= rot_heads)
-        k_at = kc_ptr + rows[:, None] * skc_r + (h - q_heads) * skc_h + slot * skc_n
-        v_at = vc_ptr + rows[:, None] * svc_r + (h - rot_heads) * svc_h + slot * svc_n
+        if PER_ROW:  # continuous batching: row i goes to cache row crow[i], position cpos[i]
+            crow = tl.load(crow_ptr + rows, mask=rows < n_rows, other=0).to(tl.int64)[:, None]
+            cpos = tl.load(cpos_ptr + rows, mask=rows < n_rows, other=0).to(tl.int64)[:, None]
+            k_at = kc_ptr + crow * skc_r + (h - q_heads) * skc_h + cpos * skc_n
+            v_at = vc_ptr + crow * svc_r + (h - rot_heads) * svc_h + cpos * svc_n
+        else:
+            slot = tl.load(slot_ptr)
+            k_at = kc_ptr + rows[:, None] * skc_r + (h - q_heads) * skc_h + slot * skc_n
+            v_at = vc_ptr + rows[:, None] * svc_r + (h - rot_heads) * svc_h + slot * svc_n
         k_at += offs_d[None, :]
         v_at += offs_d[None, :]
         tl.store(k_at, o1.to(ty), mask=is_k)
@@ -191,24 +230,35 @@ def qkv_rope(
 
     With ``lora`` each row's LoRA delta is added first. With
     ``cache = (k [T, kv_heads, S, hd], v, slot)`` (one token per row) the k heads (after the q
-    heads, up to ``rot_heads``) and the v heads (the rest) are also written at ``slot``."""
+    heads, up to ``rot_heads``) and the v heads (the rest) are also written at ``slot``; with
+    ``cache = (k [C, kv_heads, S, hd], v, rows [T], positions [T])`` (continuous batching) row
+    ``i``'s at cache row ``rows[i]``, position ``positions[i]``."""
     n, heads, hd = qkv.shape
     ct, st = cos.reshape(-1, hd), sin.reshape(-1, hd)
     out = torch.empty(n, heads, hd, dtype=qkv.dtype, device=qkv.device)
-    rpm = n // lora.bt.shape[0] if lora is not None else 1
+    mem, per_row = _member(lora, qkv)
+    rpm = n // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["rope"]
     bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
-    kc, vc, slot = cache if cache is not None else (out[:, :, None], out[:, :, None], out)
+    if per_row:
+        bt_rows = 16
+    crow = cpos = out
+    if cache is not None and len(cache) == 4:
+        kc, vc, crow, cpos = cache
+        slot = out
+    else:
+        kc, vc, slot = cache if cache is not None else (out[:, :, None], out[:, :, None], out)
     q_heads = rot_heads - (heads - rot_heads)  # as many k heads as v heads
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, qkv)
     _qkv_rope_kernel[(triton.cdiv(n, bt_rows), heads)](
-        qkv, ct, st, up_, bt, out, kc, vc, slot,
+        qkv, ct, st, up_, bt, out, kc, vc, slot, mem, crow, cpos,
         n, q_heads, rot_heads, qkv.stride(0), qkv.stride(1), ct.stride(0),
         su, su_m, sb_m, sb_c, out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         rpm, offs[0], offs[1], offs[2],
         HAS_LORA=lora is not None, R=rank, BT=bt_rows, HALF=hd // 2, TO_CACHE=cache is not None,
-        DOT=bool(tune["dot"]) and bt_rows >= 16, C=_dot_cols(rank), PRECISION=_precision(qkv),
+        DOT=bool(tune["dot"]) and bt_rows >= 16 and not per_row, C=_dot_cols(rank),
+        PRECISION=_precision(qkv), MEMBER=per_row, PER_ROW=cache is not None and len(cache) == 4,
         num_warps=tune["warps"] if lora is not None else 4,
     )  # fmt: skip
     return out
@@ -216,9 +266,10 @@ def qkv_rope(
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, y_ptr, u_ptr, b_ptr, w_ptr, h_ptr, hidden,
+    x_ptr, y_ptr, u_ptr, b_ptr, w_ptr, h_ptr, mem_ptr, hidden,
     sx, sy, su, su_m, sb_m, sb_c, sh, rpm, eps,
     HAS_Y: tl.constexpr, HAS_LORA: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
+    MEMBER: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -229,7 +280,10 @@ def _add_rms_norm_kernel(
     if HAS_Y:
         x += tl.load(y_ptr + row * sy + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_LORA:  # + u_m Bt_m, the row's member m
-        m = row // rpm
+        if MEMBER:  # noqa: SIM108 (a constexpr branch: Triton compiles only one side)
+            m = tl.load(mem_ptr + row).to(tl.int64)
+        else:
+            m = row // rpm
         for c in tl.static_range(R):
             u = tl.load(u_ptr + row * su + m * su_m + c).to(tl.float32)
             bt = tl.load(b_ptr + m * sb_m + c * sb_c + cols, mask=ok, other=0.0)
@@ -260,14 +314,15 @@ def add_rms_norm(
     columns); ``lora``: the pending LoRA (a single module's)."""
     rows, hidden = x.shape
     h = torch.empty_like(x)
-    rpm = rows // lora.bt.shape[0] if lora is not None else 1
+    mem, per_row = _member(lora, x)
+    rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     up_, bt, su, su_m, sb_m, sb_c, rank, _ = _lora_args(lora, x)
     yy = x if y is None else y
     block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(rows,)](
-        x, yy, up_, bt, weight, h, hidden,
+        x, yy, up_, bt, weight, h, mem, hidden,
         x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), rpm, eps,
-        HAS_Y=y is not None, HAS_LORA=lora is not None, R=rank, BLOCK=block,
+        HAS_Y=y is not None, HAS_LORA=lora is not None, R=rank, BLOCK=block, MEMBER=per_row,
         num_warps=TUNE["norm"]["warps"] or max(1, min(16, block // 256)),
     )  # fmt: skip
     return h

@@ -1,0 +1,125 @@
+"""The memory planner of continuous batching: how many rows (slots) decode at once.
+
+A slot holds one row's KV cache at full length (prompt + its token budget) plus its share of
+the decode step's activations (and, when sampling, of the logits and the sampler's fp32
+transients). The fixed part is the prefill chunk's transients, greedy's logit block and a
+margin for the CUDA graphs and the allocator. On a GPU the budget is
+``gpu_memory_utilization x total`` minus what is already in use (the weights, the adapter
+buffers, other processes), measured once the model and adapters are resident::
+
+    slots = min(rows, max_batch_rows, (util * total - used - fixed) // per_slot)
+
+When not even one slot fits, :func:`plan_slots` raises one :class:`ConfigError` naming the keys
+that fix it and the numbers, instead of a CUDA out-of-memory error halfway through a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from evolm.errors import ConfigError
+
+GiB, MiB = 2**30, 2**20
+MARGIN = 512 * MiB  # CUDA graphs' own memory, allocator fragmentation, cuBLAS workspaces
+SAMPLER_BYTES = 24  # per vocabulary entry and row when sampling: fp32 probs, sort, cumsum
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """The outcome of :func:`plan_slots` (bytes; ``budget`` = what slots may take)."""
+
+    slots: int
+    positions: int
+    per_slot: int
+    fixed: int
+    budget: int
+    total: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.slots} slots x {self.positions} positions, {self.per_slot / MiB:.1f} MiB "
+            f"per slot + {self.fixed / MiB:.0f} MiB fixed, budget {self.budget / GiB:.1f} GiB "
+            f"of {self.total / GiB:.1f} GiB"
+        )
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the planner needs of the model (from :class:`FastModel`)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    inter: int
+    q_out: int
+    vocab: int
+    itemsize: int
+    weight_bytes: int
+    lora_cols: int = 0  # every member's rank columns the base GEMMs also produce
+    name: str = "model"
+    dtype: str = "bfloat16"
+
+
+def plan_slots(
+    shape: Shape,
+    rows: int,
+    positions: int,
+    greedy: bool,
+    prefill_bytes: int,
+    utilization: float,
+    max_rows: int | None,
+    memory: tuple[int, int] | None,
+) -> SlotPlan:
+    """Slots for ``rows`` rows of ``positions`` cache positions each.
+
+    ``memory``: ``(available, total)`` device bytes, ``available`` counting memory the caching
+    allocator holds but does not use (None: a CPU, no budget: every row, capped by
+    ``max_rows``)."""
+    cap = rows if max_rows is None else min(rows, max_rows)
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * shape.itemsize
+    acts = (3 * shape.inter + 6 * shape.hidden + 2 * shape.q_out + shape.lora_cols) * 2
+    per_slot = kv + acts * shape.itemsize + 64
+    if not greedy:
+        per_slot += shape.vocab * (shape.itemsize + SAMPLER_BYTES)
+    greedy_block = min(cap, 256) * shape.vocab * shape.itemsize if greedy else 0
+    fixed = prefill_bytes + greedy_block + MARGIN
+    if memory is None:
+        return SlotPlan(cap, positions, per_slot, fixed, 0, 0)
+    available, total = memory
+    used = total - available
+    budget = int(utilization * total) - used - fixed
+    fit = max(0, budget // per_slot)
+    if fit < 1:
+        raise ConfigError(
+            "task.max_new_tokens",
+            f"one row needs {per_slot / MiB:.1f} MiB ({positions} cache positions x "
+            f"{kv // positions / 1024:.0f} KiB of KV for {shape.name} in {shape.dtype}, plus "
+            f"activations), but server.gpu_memory_utilization={utilization} of "
+            f"{total / GiB:.1f} GiB leaves {max(budget, 0) / MiB:.0f} MiB after "
+            f"{used / GiB:.1f} GiB in use (weights {shape.weight_bytes / GiB:.1f} GiB, adapters, "
+            f"other processes) and {fixed / MiB:.0f} MiB of prefill/graph buffers",
+            "lower task.max_new_tokens (or the prompt length), raise "
+            "server.gpu_memory_utilization, or use a smaller model or dtype",
+        )
+    if max_rows is not None and min(rows, max_rows) > fit:
+        raise ConfigError(
+            "server.max_batch_rows",
+            f"{min(rows, max_rows)} concurrent rows need "
+            f"{min(rows, max_rows) * per_slot / GiB:.1f} GiB; at most {fit} fit in "
+            f"{budget / GiB:.1f} GiB (server.gpu_memory_utilization={utilization})",
+            f"set server.max_batch_rows <= {fit}, or null to use as many as fit",
+        )
+    return SlotPlan(min(cap, fit), positions, per_slot, fixed, budget, total)
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """``(available, total)`` bytes of a CUDA device (None on CPUs); ``available`` includes what
+    torch's caching allocator holds unused."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free + idle, total

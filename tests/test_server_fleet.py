@@ -1,0 +1,124 @@
+"""``server=sglang`` over several servers (one per GPU): a Fleet of two SGLang stand-ins (CPU).
+
+The stand-in generates with the real LocalEngine, so the fleet's sharded rows must equal one
+LocalEngine's whole-population output; a killed server is restarted by its own engine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from evolm.engine.local import LocalEngine
+from evolm.errors import ConfigError
+from evolm.lora import LoraLayout
+from evolm.sampling import Sampling
+from evolm.server import pool
+from evolm.server.fleet import Fleet
+from evolm.server.sglang import SGLangEngine, sglang_servers
+from tests.test_server_sglang import PROMPTS, STANDIN, make_layout, population
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def layout(tiny_model_dir: str) -> LoraLayout:
+    return make_layout(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir: str, layout: LoraLayout) -> Iterator[Fleet]:
+    """Two stand-ins launched at once, one per (would-be) GPU, as server.cuda_devices=[0,1]."""
+    engine = sglang_servers(
+        tiny_model_dir,
+        layout,
+        cuda_devices=["0", "1"],
+        launch_module=STANDIN,
+        max_loras_per_batch=6,
+        startup_timeout_s=120,
+        max_lora_rank=4,
+    )
+    assert isinstance(engine, Fleet)
+    yield engine
+    engine.close()
+
+
+def test_fleet_rows_equal_one_local_engine(
+    fleet: Fleet, tiny_model_dir: str, layout: LoraLayout
+) -> None:
+    servers = fleet.engines
+    assert len(servers) == 2 and len({s.url for s in servers}) == 2  # type: ignore[attr-defined]
+    envs = [s.process.popen.args for s in servers]  # type: ignore[attr-defined]
+    assert all("--model-path" in args for args in envs)
+    local = LocalEngine(tiny_model_dir, layout, device="cpu", dtype="float32")
+    pop, sampling = population(layout, 5), Sampling(max_new_tokens=10)
+    out = fleet.generate(PROMPTS, pop, sampling, seed=0)
+    assert out == local.generate(PROMPTS, pop, sampling, 0)
+    assert fleet.last_timings["generate_s"] > 0
+    # both servers answered (each got every member: 15 rows over 2 servers, 3 prompts)
+    for server in servers:
+        assert server.generation >= 3  # type: ignore[attr-defined]  (self-test: 2, then >= 1)
+
+
+def test_a_killed_server_is_restarted_by_its_own_watchdog(
+    fleet: Fleet, tiny_model_dir: str, layout: LoraLayout
+) -> None:
+    victim: SGLangEngine = fleet.engines[1]  # type: ignore[assignment]
+    assert victim.process is not None
+    old = victim.process.pid
+    os.kill(old, signal.SIGKILL)
+    victim.process.popen.wait(timeout=30)
+    pop, sampling = population(layout, 3), Sampling(max_new_tokens=6)
+    out = fleet.generate(PROMPTS, pop, sampling, seed=0)
+    assert victim.process.alive() and victim.process.pid != old
+    local = LocalEngine(tiny_model_dir, layout, device="cpu", dtype="float32")
+    assert out == local.generate(PROMPTS, pop, sampling, 0)
+
+
+def test_a_sweep_keeps_the_fleet_and_repoints_every_server(
+    fleet: Fleet, tiny_model_dir: str
+) -> None:
+    """The engine pool's second trial gets the same fleet (no new servers), every server on the
+    new layout; a rank above the servers' --max-lora-rank names the key."""
+    key = pool.engine_key(tiny_model_dir, {"cuda_devices": [0, 1]})
+    p = pool.EnginePool()
+    first = p.get(key, fleet.layout, lambda: fleet)
+    wider = make_layout(tiny_model_dir, rank=4)
+    second = p.get(key, wider, lambda: pytest.fail("a second fleet was started"))
+    assert second is first and p.started == 1
+    assert all(e.layout is wider for e in fleet.engines)
+    with pytest.raises(ConfigError, match="max_lora_rank"):
+        fleet.use_layout(make_layout(tiny_model_dir, rank=8))
+    fleet.use_layout(make_layout(tiny_model_dir))
+    p.engine = None  # the module fixture closes it
+
+
+def test_attach_to_a_list_of_urls(fleet: Fleet, tiny_model_dir: str, layout: LoraLayout) -> None:
+    urls = [e.url for e in fleet.engines]  # type: ignore[attr-defined]
+    attached = sglang_servers(
+        tiny_model_dir, layout, url=urls, self_test=False, max_loras_per_batch=6
+    )
+    try:
+        assert isinstance(attached, Fleet) and attached.urls == urls
+        pop, sampling = population(layout, 2), Sampling(max_new_tokens=6)
+        assert attached.generate(PROMPTS, pop, sampling, 0) == fleet.generate(
+            PROMPTS, pop, sampling, 0
+        )
+    finally:
+        attached.close()
+    for url in urls:  # closing an attached fleet leaves the servers up
+        assert requests.get(url + "/health", timeout=5).status_code == 200
+
+
+def test_both_lists_or_an_empty_one_are_config_errors(
+    tiny_model_dir: str, layout: LoraLayout, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"^cuda_devices: "):
+        sglang_servers(tiny_model_dir, layout, url=["http://a:1"], cuda_devices=["0"])
+    with pytest.raises(ConfigError, match=r"^url: "):
+        sglang_servers(tiny_model_dir, layout, url=[])

@@ -1,0 +1,184 @@
+"""Continuous batching (evolm.engine.fast.slots) and its memory planner, on CPU.
+
+Greedy tokens with forced refills (fewer slots than rows), per-row budgets and EOS mid-batch
+must equal the lock-step one-batch path and transformers' generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from evolm.engine.fast.plan import GiB, Shape, plan_slots
+from evolm.engine.fast.slots import buckets
+from evolm.engine.local import LocalEngine
+from evolm.errors import ConfigError
+from evolm.es import ES
+from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
+from evolm.sampling import Sampling
+
+PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow, please."]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: str) -> LocalEngine:
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec(rank=2))
+    return LocalEngine(tiny_model_dir, layout, device="cpu")
+
+
+def population(engine: LocalEngine, members: int) -> LoraPopulation:
+    strategy = ES(population_size=members, sigma=0.5)
+    state = strategy.init([torch.zeros(s) for s in engine.layout.shapes()], seed=3)
+    return LoraPopulation(engine.layout, tuple(strategy.sample(state, strategy.ask(state))))
+
+
+def rows(engine: LocalEngine, members: int) -> tuple[torch.Tensor, torch.Tensor]:
+    enc = engine.tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    return enc["input_ids"].repeat(members, 1), enc["attention_mask"].repeat(members, 1)
+
+
+def waves(engine: LocalEngine, *args: object, **kw: object) -> torch.Tensor:
+    engine.batching = "waves"
+    try:
+        return engine.generate_ids(*args, **kw)  # type: ignore[arg-type]
+    finally:
+        engine.batching = "continuous"
+
+
+def test_refills_equal_one_batch_and_transformers(engine: LocalEngine) -> None:
+    """3 slots for 12 rows of 4 members: rows finish and refill; tokens == lock-step batch."""
+    pop = population(engine, 4)
+    ids, mask = rows(engine, 4)
+    sampling = Sampling(max_new_tokens=9)
+    one_batch = waves(engine, ids, mask, pop, sampling, eos_ids=[])
+    engine.max_batch_rows = 3
+    try:
+        slotted = engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])
+        assert engine.last_timings["slots"] == 3 and engine.last_timings["prefills"] >= 4
+    finally:
+        engine.max_batch_rows = None
+    assert torch.equal(slotted, one_batch)
+    # the base model's rows equal transformers' generate
+    base = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
+    for i, prompt in enumerate(PROMPTS):
+        enc = engine.tokenizer(prompt, return_tensors="pt")
+        ref = engine.model.generate(
+            **enc, max_new_tokens=9, do_sample=False, eos_token_id=engine.eos_ids, pad_token_id=0
+        )
+        want = ref[0, enc["input_ids"].shape[1] :].tolist()
+        assert base[i, : len(want)].tolist() == want  # HF stops at EOS; ours ran on (eos_ids=[])
+
+
+def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
+    """Per-row budgets and an EOS that some rows hit early: each row is its full run cut at its
+    budget / first EOS, whatever the other rows do; freed slots take the waiting rows."""
+    pop = population(engine, 3)
+    ids, mask = rows(engine, 3)
+    n = ids.shape[0]
+    member = torch.arange(3).repeat_interleave(len(PROMPTS))
+    sampling = Sampling(max_new_tokens=12)
+    full = engine.generate_slots(ids, mask, member, pop, [12] * n, sampling, eos_ids=[])
+    eos = int(full[1, 4])  # a token that row 1 emits mid-way
+    budgets = [1 + (5 * i) % 12 for i in range(n)]
+    engine.max_batch_rows = 4
+    try:
+        got = engine.generate_slots(ids, mask, member, pop, budgets, sampling, eos_ids=[eos])
+    finally:
+        engine.max_batch_rows = None
+    assert got.shape == (n, max(budgets))
+    stopped = 0
+    for i in range(n):
+        want = full[i, : budgets[i]].tolist()
+        if eos in want:
+            want = want[: want.index(eos) + 1]
+            stopped += len(want) < budgets[i]
+        row = got[i].tolist()
+        assert row[: len(want)] == want
+        assert all(t == engine.pad_id for t in row[len(want) :])
+    assert stopped >= 1, "the test should stop a row at EOS before its budget"
+
+
+def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
+    """Rows in any order, members interleaved: each row equals its member-major counterpart."""
+    pop = population(engine, 3)
+    ids, mask = rows(engine, 3)
+    sampling = Sampling(max_new_tokens=6)
+    member = torch.arange(3).repeat_interleave(len(PROMPTS))
+    ordered = engine.generate_slots(ids, mask, member, pop, [6] * 9, sampling, eos_ids=[])
+    perm = torch.randperm(9, generator=torch.Generator().manual_seed(0))
+    engine.max_batch_rows = 5
+    try:
+        shuffled = engine.generate_slots(
+            ids[perm], mask[perm], member[perm], pop, [6] * 9, sampling, eos_ids=[]
+        )
+    finally:
+        engine.max_batch_rows = None
+    assert torch.equal(shuffled, ordered[perm])
+
+
+def test_generate_text_equals_waves(engine: LocalEngine) -> None:
+    """The public generate (EOS on) gives the same texts on both paths."""
+    pop = population(engine, 2)
+    sampling = Sampling(max_new_tokens=10)
+    engine.max_batch_rows = 2
+    try:
+        cont = engine.generate(PROMPTS, pop, sampling, seed=0)
+    finally:
+        engine.max_batch_rows = None
+    engine.batching = "waves"
+    try:
+        old = engine.generate(PROMPTS, pop, sampling, seed=0)
+    finally:
+        engine.batching = "continuous"
+    assert cont == old and len(cont) == 2 and len(cont[0]) == len(PROMPTS)
+
+
+SHAPE = Shape(
+    layers=28, kv_heads=2, head_dim=128, hidden=1536, inter=8960, q_out=1536, vocab=151936,
+    itemsize=2, weight_bytes=3 * GiB, name="qwen2.5-1.5b", dtype="bfloat16",
+)  # fmt: skip
+
+
+def test_planner_sizes_slots_from_free_memory() -> None:
+    total = 80 * GiB
+    plan = plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total))
+    kv = 2 * 28 * 2 * 128 * 1152 * 2  # 28 KiB per position
+    assert kv <= plan.per_slot < kv * 1.01
+    assert plan.slots == (int(0.9 * total) - 4 * GiB - plan.fixed) // plan.per_slot
+    assert 1500 < plan.slots < 2200
+    capped = plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, 500, (total - 4 * GiB, total))
+    assert capped.slots == 500
+    few = plan_slots(SHAPE, 40, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total))
+    assert few.slots == 40
+    cpu = plan_slots(SHAPE, 40, 1152, True, GiB, 0.9, 7, None)
+    assert cpu.slots == 7
+
+
+def test_planner_errors_name_the_keys_and_numbers() -> None:
+    total = 16 * GiB
+    with pytest.raises(ConfigError) as err:
+        plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, None, (total - 13 * GiB, total))
+    msg = str(err.value)
+    assert err.value.key == "task.max_new_tokens"
+    assert "server.gpu_memory_utilization" in msg and "qwen2.5-1.5b" in msg
+    assert "bfloat16" in msg and "MiB" in msg
+    with pytest.raises(ConfigError) as err:
+        plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, 6000, (70 * GiB, 80 * GiB))
+    assert err.value.key == "server.max_batch_rows" and "or null" in str(err.value)
+
+
+def test_buckets_cover_every_batch() -> None:
+    for slots in (1, 3, 16, 100, 2000):
+        b = buckets(slots)
+        assert b[-1] == slots and b[0] == 1 and b == sorted(set(b))
+        for n in range(1, slots + 1, max(1, slots // 50)):
+            size = next(x for x in b if x >= n)
+            assert size - n <= max(slots / 8, n)  # at most an eighth (or 2x when small)
+
+
+def test_bad_batching_settings(tiny_model_dir: str) -> None:
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec(rank=2))
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        LocalEngine(tiny_model_dir, layout, device="cpu", gpu_memory_utilization=1.5)
+    with pytest.raises(ConfigError, match="batching"):
+        LocalEngine(tiny_model_dir, layout, device="cpu", batching="paged")
