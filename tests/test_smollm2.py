@@ -103,34 +103,43 @@ def test_conversion_is_a_plain_llama_checkpoint_that_answers(smollm2_dir: str) -
     assert "Paris" in answer, answer
 
 
-def peft_generate(
-    smollm2_dir: str,
-    adapter: Path,
-    prompts: list[str],
-    tokenizer: PreTrainedTokenizerBase,
-    new: int,
-) -> list[str]:
+MEMBERS = (0, 2)  # members checked against peft
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def peft_reference(
+    smollm2_dir: str, layout: LoraLayout, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, list[str]]:
+    """transformers + peft greedy completions of :data:`MEMBERS` of ``population(layout, 3)``,
+    each member's adapter saved by evolm in PEFT format, prompts one at a time (no padding)."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompts, pop = [chat(tokenizer, q) for q in QUESTIONS], population(layout, 3)
     base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, str(adapter)).eval()
-    texts = []
-    for prompt in prompts:  # one at a time: no padding in the reference
-        enc = tokenizer(prompt, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(
-                **enc, max_new_tokens=new, do_sample=False, eos_token_id=tokenizer.eos_token_id
+    out: dict[int, list[str]] = {}
+    for m in MEMBERS:
+        path = tmp_path_factory.mktemp("peft") / f"m{m}"
+        adapter = save_adapter(path, layout, pop.member(m), base_model=smollm2_dir)
+        model = PeftModel.from_pretrained(base, str(adapter)).eval()
+        texts = []
+        for prompt in prompts:
+            enc = tokenizer(prompt, return_tensors="pt")
+            with torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False)
+            texts.append(
+                tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             )
-        texts.append(
-            tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-        )
-    return texts
+        out[m] = texts
+        base = model.unload()  # the plain base model again, for the next member
+    return out
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "hf-path"])
 def test_population_equals_transformers_peft_per_member(
-    engine: LocalEngine, layout: LoraLayout, smollm2_dir: str, tmp_path: Path, fast: bool
+    engine: LocalEngine, layout: LoraLayout, peft_reference: dict[int, list[str]], fast: bool
 ) -> None:
     """Greedy completions of a 3-member population in one batch == transformers + peft with
-    each member's adapter saved in PEFT format (members 0 and 2)."""
+    each member's adapter alone (members 0 and 2), on the fast and the HF paths."""
     runner = (
         engine
         if fast
@@ -138,13 +147,12 @@ def test_population_equals_transformers_peft_per_member(
     )
     assert (runner.fast is not None) == fast
     prompts = [chat(engine.tokenizer, q) for q in QUESTIONS]
-    pop, sampling = population(layout, 3), Sampling(max_new_tokens=12)
+    pop, sampling = population(layout, 3), Sampling(max_new_tokens=NEW_TOKENS)
     ours = runner.generate(prompts, pop, sampling, seed=0)
     base = runner.generate(prompts, None, sampling, seed=0)[0]
     assert any(member != base for member in ours), "the adapters change nothing"
-    for m in (0, 2):
-        adapter = save_adapter(tmp_path / f"m{m}", layout, pop.member(m), base_model=smollm2_dir)
-        assert ours[m] == peft_generate(smollm2_dir, adapter, prompts, engine.tokenizer, 12)
+    for m in MEMBERS:
+        assert ours[m] == peft_reference[m], m
 
 
 def test_export_merges_and_round_trips(

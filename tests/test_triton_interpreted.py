@@ -29,7 +29,7 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    for key in ("lora_16", "base_16", "lora_3", "base_3", "llama_lora_16", "llama_base_3"):
+    for key in ("lora_16", "base_16", "lora_3", "base_3", "llama_lora"):
         assert out[key] <= 1e-4, (key, out)
     hidden_qkv = 128 + 2 * 64  # tiny model: q 128, k and v 64 each
     assert out["spare_rows"] > hidden_qkv  # A went into the weight buffer
