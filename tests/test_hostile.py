@@ -23,6 +23,7 @@ from typing import Any
 import optuna
 import pytest
 import torch
+import yaml
 from hydra.utils import execution_whitelist, instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
@@ -234,6 +235,15 @@ def test_runs_started_in_the_same_second_get_their_own_directory(tmp_path: Path)
     dirs = sorted(p.communicate(timeout=60)[0].decode().strip() for p in procs)
     assert dirs == sorted([str(fresh), f"{fresh}-1", f"{fresh}-2"])
     assert run_dir(str(tmp_path / "old"), str(fresh)) == str(tmp_path / "old")  # resume: its own
+
+
+def test_runs_and_sweeps_claim_their_directories() -> None:
+    """Both a run's and a sweep's directory go through the claiming resolver, so two sweeps
+    started in the same second do not share (and overwrite) one multirun folder."""
+    text = (Path(__file__).resolve().parents[1] / "conf" / "config.yaml").read_text()
+    hydra_cfg = yaml.safe_load(text)["hydra"]
+    assert hydra_cfg["run"]["dir"].startswith("${evolm.run_dir:${resume},outputs/runs/")
+    assert hydra_cfg["sweep"]["dir"].startswith("${evolm.run_dir:null,outputs/multiruns/")
 
 
 def test_foreign_rank_checkpoint_fails_before_touching_the_run(
