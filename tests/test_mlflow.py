@@ -48,8 +48,10 @@ def test_run_params_and_every_generations_metrics(short_run: tuple[Path, str]) -
     run_dir, uri = short_run
     run = the_run(uri)
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "conciseness-tiny-s0.05-r4"
     config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
+    assert isinstance(config, dict)
+    sigma, rank = config["es"]["sigma"], config["lora"]["rank"]
+    assert run.info.run_name == f"conciseness-tiny-s{sigma}-r{rank}"
     assert run.data.params == flatten(config)  # type: ignore[arg-type]
     assert run.data.params["es.population_size"] == "4"
     records = read_results(run_dir)

@@ -205,8 +205,25 @@ def test_hub_model_missing_local_path_raises(tmp_path: Path) -> None:
         HubModel("./no/such/model").resolve()
 
 
-def test_hub_model_resolves_ids_and_local_dirs(tiny_dir: Path) -> None:
+def test_hub_model_resolves_ids_and_local_dirs(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    # A hub id in the HF cache resolves to itself, offline: a real cache layout, no network.
+    repo = tmp_path / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert HubModel("Qwen/Qwen2.5-0.5B-Instruct").resolve() == "Qwen/Qwen2.5-0.5B-Instruct"
+    # One that is not cached and cannot be downloaded is one ConfigError with the fix.
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set.*hf download") as err:
+        HubModel("Qwen/Qwen2.5-7B-Instruct").resolve()
+    assert err.value.key == "name_or_path"
     assert HubModel(str(tiny_dir)).resolve() == str(tiny_dir)
     with pytest.raises(ConfigError) as err:
         HubModel(str(tiny_dir), revision="main")
