@@ -365,11 +365,13 @@ def test_distributed_benchmark_on_two_gloo_ranks(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert [r["rank"] for r in result["ranks"]] == [0, 1]
     summary = result["summary"]
-    assert summary["world_size"] == 2 and summary["alone_s"] > 0 and summary["gather_s"] > 0
+    assert summary["world_size"] == 2 and summary["alone_s"] > 0
+    # the all-gather is timed minus a barrier's cost: a few microseconds, 0 within CPU noise
+    assert summary["gather_s"] >= 0
     assert summary["measured_speedup"] == summary["alone_s"] / summary["generation_s"]
     assert set(summary["projected"]) == {"2", "4", "8"}
     for projected in summary["projected"].values():
-        assert projected["speedup"] > 0 and 0 < projected["comm_fraction"] < 1
+        assert projected["speedup"] > 0 and 0 <= projected["comm_fraction"] < 1
     assert "| 8 |" in (tmp_path / "bench.json.md").read_text()
 
 
