@@ -257,7 +257,8 @@ def test_foreign_rank_checkpoint_fails_before_touching_the_run(
     es["mean"] = [torch.zeros(t.shape[0] * 2, t.shape[1]) for t in es["mean"]]  # other shapes
     ck.save_checkpoint(path.parent, ESState.from_state_dict(es), loaded.records, loaded.state)
     results = (run / "results.jsonl").read_bytes()
-    with pytest.raises(ConfigError, match=r"resume: .*gen-\d+\.pt does not fit this run: it holds \d+ LoRA tensors"):
+    fit = r"resume: .*gen-\d+\.pt does not fit this run: it holds \d+ LoRA tensors"
+    with pytest.raises(ConfigError, match=fit):
         train(compose_config([f"resume={run}"]))
     assert (run / "results.jsonl").read_bytes() == results
 

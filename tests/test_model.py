@@ -221,7 +221,7 @@ def test_hub_model_resolves_ids_and_local_dirs(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert HubModel("Qwen/Qwen2.5-0.5B-Instruct").resolve() == "Qwen/Qwen2.5-0.5B-Instruct"
     # One that is not cached and cannot be downloaded is one ConfigError with the fix.
-    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set.*hf download") as err:
+    with pytest.raises(ConfigError, match=r"HF_HUB_OFFLINE is set.*hf download") as err:
         HubModel("Qwen/Qwen2.5-7B-Instruct").resolve()
     assert err.value.key == "name_or_path"
     assert HubModel(str(tiny_dir)).resolve() == str(tiny_dir)
