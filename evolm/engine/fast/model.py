@@ -331,8 +331,11 @@ class FastModel:
         cos, sin = cos[:, None], sin[:, None]
         hi = pos + 1
         bias4 = None
+        width = cache.k.shape[3]
         if self.ops.slot_attention is None or self.decode_sdpa is not None:
-            span = torch.arange(cache.k.shape[3], device=tokens.device)
+            if tokens.device.type == "cpu":  # no graphs here: read only the filled positions
+                width = int(hi.max())
+            span = torch.arange(width, device=tokens.device)
             allowed = (span >= lo[:, None]) & (span < hi[:, None])
             neg = torch.finfo(x.dtype).min
             bias4 = torch.where(allowed, 0.0, neg).to(x.dtype)[:, None, None]
@@ -348,7 +351,7 @@ class FastModel:
                 attn = self.ops.slot_attention(q, cache.k[i], cache.v[i], sel, lo, hi)  # type: ignore[misc]
             else:
                 with self._decode_backend():
-                    kc, vc = cache.k[i][sel], cache.v[i][sel]
+                    kc, vc = cache.k[i][sel, :, :width], cache.v[i][sel, :, :width]
                     attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
             attn = attn.reshape(rows, self.q_out)
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
