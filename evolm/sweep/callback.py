@@ -112,9 +112,18 @@ class SweepCallback(Callback):
 
     # -- Hydra hooks -----------------------------------------------------------------------
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra turns a callback's exception into a warning and sweeps on: trials would run
+        # without their study's checks or their MLflow parent. End the sweep here instead.
+        try:
+            self._start(config)
+        except Exception as e:
+            log.exception("the sweep could not start: %s", e)
+            raise SystemExit(1) from None
+
+    def _start(self, config: DictConfig) -> None:
         sweeper = config.hydra.sweeper
         self.space = search_space(config)
-        try:  # Hydra turns a callback's exception into a warning: end the sweep here
+        try:
             check_rank_cover(config, self.space)
             stale.check_storage(sweeper.get("storage"))
             if self.tracking_uri is not None and sweeper.get("study_name") is None:

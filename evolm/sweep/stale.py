@@ -17,11 +17,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import optuna
 from omegaconf import DictConfig
 from optuna.trial import TrialState
 
 from evolm.errors import ConfigError
+from evolm.sweep.study import existing_study
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +64,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _study(sweeper: DictConfig) -> optuna.Study | None:
-    storage, name = sweeper.get("storage"), sweeper.get("study_name")
-    if storage is None or name is None:
-        return None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if name not in optuna.get_all_study_names(storage=storage):
-        return None
-    return optuna.load_study(study_name=name, storage=storage)
-
-
 def claim_trial(sweeper: DictConfig, params: dict[str, Any]) -> None:
     """Record this process as the owner of the RUNNING, unowned trial with ``params``."""
-    study = _study(sweeper)
+    study = existing_study(sweeper)
     if study is None:
         return
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -87,7 +77,7 @@ def claim_trial(sweeper: DictConfig, params: dict[str, Any]) -> None:
 
 def fail_stale_trials(sweeper: DictConfig) -> list[int]:
     """Mark FAIL the RUNNING trials whose owner process on this host is gone; their numbers."""
-    study = _study(sweeper)
+    study = existing_study(sweeper)
     if study is None:
         return []
     host = socket.gethostname()

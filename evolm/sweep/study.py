@@ -67,26 +67,30 @@ def sweep_seed(seed: int, worker: int = 0) -> int:
     return new
 
 
+def existing_study(sweeper: DictConfig) -> optuna.Study | None:
+    """The sweep's study if its storage holds it (None: in memory, unnamed, or not created
+    yet). A fresh sqlite store's tables are created here under :func:`sqlite_lock`: two sweep
+    workers started at once would otherwise both create them and one would fail."""
+    storage, name = sweeper.get("storage"), sweeper.get("study_name")
+    if storage is None or name is None:
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with sqlite_lock(storage):
+        if name not in optuna.get_all_study_names(storage=storage):
+            return None
+    return optuna.load_study(study_name=name, storage=storage)
+
+
 def count_trials(sweeper: DictConfig) -> int:
     """Trials already in the sweep's study (0: none yet, or in-memory storage)."""
-    if sweeper.storage is None or sweeper.study_name is None:
-        return 0
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with sqlite_lock(sweeper.storage):  # a fresh store's tables: created by one worker
-        names = optuna.get_all_study_names(storage=sweeper.storage)
-    if sweeper.study_name not in names:
-        return 0
-    return len(load_study(sweeper).get_trials(deepcopy=False))  # type: ignore[union-attr]
+    study = existing_study(sweeper)
+    return 0 if study is None else len(study.get_trials(deepcopy=False))
 
 
 def study_counts(sweeper: DictConfig) -> tuple[int, int]:
     """``(complete, failed)`` trials of the sweep's study (``(0, 0)`` in memory or missing)."""
-    if sweeper.storage is None or sweeper.study_name is None:
-        return 0, 0
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if sweeper.study_name not in optuna.get_all_study_names(storage=sweeper.storage):
-        return 0, 0
-    trials = load_study(sweeper).get_trials(deepcopy=False)  # type: ignore[union-attr]
+    study = existing_study(sweeper)
+    trials = [] if study is None else study.get_trials(deepcopy=False)
     complete = sum(t.state is TrialState.COMPLETE for t in trials)
     return complete, sum(t.state is TrialState.FAIL for t in trials)
 

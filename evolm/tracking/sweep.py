@@ -27,7 +27,7 @@ from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.time import get_current_time_millis
 
-from evolm.tracking.store import mlflow_client
+from evolm.tracking.store import mlflow_client, sqlite_lock
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +101,15 @@ class SweepRun:
         location = artifact_location(tracking_uri, location)
         self.experiment_id = experiment_id(self.client, experiment_name, location)
         self.key = sweep_key(study_name, storage)
-        found = self._parents()
-        if found:
-            self.run_id = found[0]
-            self.client.update_run(self.run_id, status="RUNNING")
-            log.info("MLflow: resuming the sweep's parent run %s", self.run_id)
-        else:
-            self.run_id = self._create(study_name, storage)
-            log.info("MLflow: the sweep's parent run is %s", self.run_id)
+        with sqlite_lock(tracking_uri):  # a sqlite store: one worker at a time finds or creates
+            found = self._parents()
+            if found:
+                self.run_id = found[0]
+                self.client.update_run(self.run_id, status="RUNNING")
+                log.info("MLflow: resuming the sweep's parent run %s", self.run_id)
+            else:
+                self.run_id = self._create(study_name, storage)
+                log.info("MLflow: the sweep's parent run is %s", self.run_id)
 
     def _parents(self) -> list[str]:
         """Live parent runs with this key, oldest first (ties broken by id)."""
@@ -125,7 +126,7 @@ class SweepRun:
             "evolm.storage": normalize_storage(storage),
         }
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=f"sweep {study_name}")
-        # Two workers may create a parent at once: every one keeps the oldest, drops its own.
+        # Two workers on a tracking server may create a parent at once: each keeps the oldest.
         oldest = self._parents()[0]
         if oldest != run.info.run_id:
             self.client.delete_run(run.info.run_id)
