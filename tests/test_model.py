@@ -21,6 +21,8 @@ from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
 from evolm.model.spec import CACHE_ENV, TINY_BUILD_VERSION, _build_atomically
 from evolm.model.tiny import build_tiny_model
+from tests.conftest import COUNTDOWN_TINY
+from tests.helpers import compose_config
 
 CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -300,21 +302,17 @@ def test_warmed_up_model_answers_verbosely_then_stops(tiny_dir: Path) -> None:
     assert sum(n >= 40 for n in lengths) >= len(lengths) / 2, f"not verbose: {lengths}"
 
 
-# The opt-in countdown warm-up (conf/model/tiny.yaml: countdown_share); built once here.
-COUNTDOWN_WARMUP = {"warmup_steps": 800, "countdown_share": 0.75}
-
-
 @pytest.mark.slow
-def test_countdown_warm_up_answers_in_format_then_stops(evolm_cache: Path) -> None:
+def test_countdown_warm_up_answers_in_format_then_stops(countdown_model_dir: str) -> None:
     """With ``countdown_share`` the warm-up trains on evolm's generated puzzles (never the
-    task's default test split): on held-out puzzles the model writes
-    ``… </think>\n<answer> … </answer>`` and stops at EOS right after it, copying numbers from
-    the prompt into its answer, and solves a few (2.5% of 200 when measured)."""
+    task's default test split): on held-out puzzles the model writes ``… </think>`` and then
+    either ``<answer> … </answer>`` or nothing (``countdown_untagged``: half the worked answers
+    end untagged), stops at EOS, copies numbers from the prompt, and some chains reach the
+    target. Both endings occur, so ES has a format signal to climb from the start."""
     from evolm.task.countdown import Countdown
+    from evolm.task.countdown_reward import countdown_reward
 
-    model, tok = load_causal_lm(
-        TinyModel(**COUNTDOWN_WARMUP).resolve(), device="cpu", dtype=torch.float32
-    )
+    model, tok = load_causal_lm(countdown_model_dir, device="cpu", dtype=torch.float32)
     task = Countdown(eval_samples=100)
     examples = task.eval_examples()
     enc = tok([str(e.prompt) for e in examples], return_tensors="pt", padding=True)
@@ -324,23 +322,56 @@ def test_countdown_warm_up_answers_in_format_then_stops(evolm_cache: Path) -> No
         assert tok.eos_token_id in row, f"an answer never stops: {tok.decode(row)!r}"
         completions.append(tok.decode(row[: row.index(tok.eos_token_id)]))
     scores = task.score(examples, completions)
-    assert sum(scores["format_reward"]) / len(examples) >= 0.95, completions[:3]
+    formats = scores["format_reward"]
+    assert sum(f in (0.1, 1.0) for f in formats) >= 0.95 * len(examples), completions[:3]
+    tagged = sum(f == 1.0 for f in formats)
+    assert 0.05 * len(examples) <= tagged <= 0.95 * len(examples), (tagged, completions[:5])
     copied = [  # worked answers that start with the puzzle's first number
         c.split()[0] == str(e.reference["numbers"][0])
         for c, e in zip(completions, examples, strict=True)
     ]
     assert sum(copied) >= 0.5 * len(examples), completions[:5]
-    assert sum(scores["accuracy"]) > 0, completions[:5]
+    reached = [  # the chain inside <think> (``expr = value``) is a correct answer
+        countdown_reward(
+            f"x </think>\n<answer> {c.split('</think>')[0].rsplit('=', 1)[0]} </answer>",
+            e.reference["numbers"],
+            e.reference["target"],
+        )["accuracy"]
+        for c, e in zip(completions, examples, strict=True)
+    ]
+    assert sum(reached) > 0, completions[:5]
 
 
 def test_default_tiny_model_has_no_countdown_warm_up() -> None:
     """countdown_share=0 (the default) builds exactly the model built before the option
     existed: same fingerprint, so caches and the conciseness demo are unchanged."""
     fields = {f.name: getattr(TinyModel(), f.name) for f in dataclasses.fields(TinyModel)}
-    del fields["cache_dir"], fields["countdown_share"]
+    del fields["cache_dir"], fields["countdown_share"], fields["countdown_untagged"]
     fields["build_version"] = TINY_BUILD_VERSION
     blob = json.dumps(fields, sort_keys=True).encode()
     assert TinyModel().fingerprint() == hashlib.sha256(blob).hexdigest()[:12]
     assert TinyModel(countdown_share=0.5).fingerprint() != TinyModel().fingerprint()
+    untagged = TinyModel(countdown_share=0.5, countdown_untagged=0.5)
+    assert untagged.fingerprint() != TinyModel(countdown_share=0.5).fingerprint()
     with pytest.raises(ConfigError, match="countdown_share"):
         TinyModel(countdown_share=1.5)
+    with pytest.raises(ConfigError, match="countdown_untagged"):
+        TinyModel(countdown_untagged=1.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], {"warmup_steps": 200, "countdown_share": 0.0, "countdown_untagged": 0.0}),
+        (["task=countdown"], COUNTDOWN_TINY),
+        (
+            ["task=countdown", "model.countdown_untagged=0"],
+            {**COUNTDOWN_TINY, "countdown_untagged": 0},
+        ),
+    ],
+)
+def test_tiny_model_warm_up_follows_the_task(overrides: list[str], expected: dict) -> None:
+    """conf/model/tiny.yaml: ``task=countdown`` builds the countdown warm-up (the model the
+    countdown tests use), every other task the plain one; a key set on the command line wins."""
+    cfg = compose_config(overrides)
+    assert {key: cfg.model[key] for key in expected} == expected

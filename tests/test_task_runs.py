@@ -33,7 +33,7 @@ def run(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> list[dict[str, Any
     return read_results(out)
 
 
-def test_countdown_run(tmp_path: Path, tiny_model_dir: str) -> None:
+def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
     records = run(tmp_path, "task=countdown", *SMALL_RUN, "task.eval_samples=4")
     assert [r["generation"] for r in records] == [0, 1, 2]
     for key in ("reward", "format_reward", "answer_reward", "accuracy"):
@@ -44,6 +44,21 @@ def test_countdown_run(tmp_path: Path, tiny_model_dir: str) -> None:
         assert all(train_key in r for r in records[1:])
     assert "train/reward_mean" not in records[1]
     assert 0.0 <= records[-1]["train/accuracy_mean"] <= 1.0
+
+
+@pytest.mark.slow
+def test_headline_countdown_command_learns(tmp_path: Path, countdown_model_dir: str) -> None:
+    """README's first countdown command, as typed (default budget: 40 generations of 16
+    members on 16 puzzles, held-out reward on 32): the mean's held-out reward rises clearly
+    (measured 0.030 -> 0.174 with seeds 0 and 1, format 0.30 -> 0.80, accuracy 0 -> 9%)."""
+    records = run(tmp_path, "task=countdown", "es.sigma=0.001")
+    evals = [r for r in records if "eval/reward_mean" in r]
+    start, end = evals[0], evals[-1]
+    assert end["generation"] == 40
+    assert end["eval/reward_mean"] >= max(
+        2 * start["eval/reward_mean"], start["eval/reward_mean"] + 0.05
+    ), [(r["generation"], r["eval/reward_mean"]) for r in evals]
+    assert end["eval/format_reward_mean"] > start["eval/format_reward_mean"]
 
 
 def test_scorer_run(tmp_path: Path, tiny_model_dir: str, start_server: StartServer) -> None:

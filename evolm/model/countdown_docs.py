@@ -20,6 +20,7 @@ compute.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import torch
@@ -35,10 +36,12 @@ task's default seed (0), so the default held-out puzzles are never seen in the w
 IGNORE = -100
 
 
-def completion(numbers: list[int], ops: str, target: str) -> str:
-    """The worked answer after the prompt's ``<think>``: the chain, its value, then the answer."""
+def completion(numbers: list[int], ops: str, target: str, tagged: bool = True) -> str:
+    """The worked answer after the prompt's ``<think>``: the chain, its value, then the answer
+    in ``<answer>`` tags; ``tagged=False`` ends after ``</think>`` (format reward 0.1, not 1)."""
     expr = chain_expression(numbers, ops)
-    return f" {expr} = {target} </think>\n<answer> {expr} </answer>"
+    thought = f" {expr} = {target} </think>"
+    return f"{thought}\n<answer> {expr} </answer>" if tagged else thought
 
 
 def short_prompt(prompt: str) -> str:
@@ -49,9 +52,13 @@ def short_prompt(prompt: str) -> str:
     return prompt[start:middle] + "\n<think>"
 
 
-def worked_puzzles(count: int, seed: int, short: bool = False) -> Iterator[tuple[str, str]]:
+def worked_puzzles(
+    count: int, seed: int, short: bool = False, untagged: float = 0.0
+) -> Iterator[tuple[str, str]]:
     """``count`` (prompt, completion) pairs of generated puzzles that have an in-order chain
-    solution; ``short`` gives the :func:`short_prompt`."""
+    solution; ``short`` gives the :func:`short_prompt`; an ``untagged`` share of the answers
+    (drawn from ``seed``) stop after ``</think>`` without the ``<answer>`` block."""
+    draw = random.Random(PUZZLE_SEED_OFFSET + seed)
     made = 0
     batch = 0
     while made < count:
@@ -61,7 +68,8 @@ def worked_puzzles(count: int, seed: int, short: bool = False) -> Iterator[tuple
                 continue
             prompt = paper_prompt(record["numbers"], record["target"])
             prompt = short_prompt(prompt) if short else prompt
-            yield prompt, completion(chain[0], chain[1], record["target"])
+            tagged = draw.random() >= untagged
+            yield prompt, completion(chain[0], chain[1], record["target"], tagged)
             made += 1
             if made == count:
                 return
@@ -69,7 +77,13 @@ def worked_puzzles(count: int, seed: int, short: bool = False) -> Iterator[tuple
 
 
 def countdown_documents(
-    tok: Tokenizer, end_id: int, count: int, seq_len: int, seed: int, short: bool = False
+    tok: Tokenizer,
+    end_id: int,
+    count: int,
+    seq_len: int,
+    seed: int,
+    short: bool = False,
+    untagged: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(inputs, labels)``, each ``[count, seq_len]``: prompt + worked answer + end token.
 
@@ -81,7 +95,7 @@ def countdown_documents(
     """
     inputs = torch.full((count, seq_len), end_id, dtype=torch.long)
     labels = torch.full((count, seq_len), IGNORE, dtype=torch.long)
-    for i, (prompt, answer) in enumerate(worked_puzzles(count, seed, short)):
+    for i, (prompt, answer) in enumerate(worked_puzzles(count, seed, short, untagged)):
         p, a = tok.encode(prompt).ids, [*tok.encode(answer).ids, end_id]
         ids = (p + a)[: seq_len + 1]
         n = len(ids) - 1

@@ -99,6 +99,7 @@ def pretrain(
     steps: int,
     seed: int,
     countdown_share: float = 0.0,
+    countdown_untagged: float = 0.0,
     batch_size: int = 16,
     seq_len: int = 64,
     countdown_batch_size: int = COUNTDOWN_BATCH,
@@ -108,7 +109,8 @@ def pretrain(
     """Train ``model`` in place for ``steps`` AdamW steps; returns the final loss.
 
     A ``countdown_share`` of the steps (spread evenly) train on countdown documents
-    (:mod:`evolm.model.countdown_docs`), the others on the question/answer documents.
+    (:mod:`evolm.model.countdown_docs`), the others on the question/answer documents; a
+    ``countdown_untagged`` share of the countdown answers leave out the ``<answer>`` block.
     """
     if steps == 0:
         return float("nan")
@@ -120,7 +122,12 @@ def pretrain(
         "qa": (data, data, batch_size),  # rows of seq_len + 1, -100 padded: see qa_loss
         "full": (
             *countdown_documents(
-                tok, end_id, n_full * countdown_batch_size, countdown_seq_len, seed
+                tok,
+                end_id,
+                n_full * countdown_batch_size,
+                countdown_seq_len,
+                seed,
+                untagged=countdown_untagged,
             ),
             countdown_batch_size,
         ),
@@ -132,6 +139,7 @@ def pretrain(
                 SHORT_SEQ_LEN,
                 seed + SHORT_SEED_OFFSET,  # other puzzles than the full-prompt documents'
                 short=True,
+                untagged=countdown_untagged,
             ),
             SHORT_BATCH,
         ),

@@ -126,6 +126,7 @@ class TinyModel:
     seed: int = 0
     warmup_steps: int = 200
     countdown_share: float = 0.0
+    countdown_untagged: float = 0.0
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -144,6 +145,12 @@ class TinyModel:
                 "countdown_share",
                 f"must be in [0, 1], got {self.countdown_share}",
                 "e.g. 0.5 (half the warm-up steps on countdown), 0 for none",
+            )
+        if not 0.0 <= self.countdown_untagged < 1.0:
+            raise ConfigError(
+                "countdown_untagged",
+                f"must be in [0, 1), got {self.countdown_untagged}",
+                "e.g. 0.5 (half the warm-up answers without <answer> tags), 0 for none",
             )
         if self.vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(
@@ -186,8 +193,9 @@ class TinyModel:
         """A short hash of every field that shapes the files (all but ``cache_dir``)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del fields["cache_dir"]
-        if not self.countdown_share:  # no countdown warm-up: the same files as before it existed
-            del fields["countdown_share"]
+        for key in ("countdown_share", "countdown_untagged"):
+            if not fields[key]:  # unused: the same files (and hash) as before the key existed
+                del fields[key]
         fields["build_version"] = TINY_BUILD_VERSION
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]

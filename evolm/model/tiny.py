@@ -37,6 +37,7 @@ class TinyArch(Protocol):
     seed: int
     warmup_steps: int
     countdown_share: float
+    countdown_untagged: float
 
 
 def qwen2_config(spec: TinyArch, bos_id: int, eos_id: int, pad_id: int) -> Qwen2Config:
@@ -82,6 +83,7 @@ def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyArch
                 spec.warmup_steps,
                 seed=spec.seed,
                 countdown_share=spec.countdown_share,
+                countdown_untagged=spec.countdown_untagged,
             )
     finally:
         torch.set_num_threads(threads)

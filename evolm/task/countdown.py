@@ -73,7 +73,7 @@ class Countdown(Task):
         train_size: int = 200,
         generate_count: int = 400,
         seed: int = 0,
-        samples_per_generation: int = 8,
+        samples_per_generation: int = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
         max_new_tokens: int = 1024,

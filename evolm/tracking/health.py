@@ -7,6 +7,9 @@ once per condition, when for ``patience`` generations in a row
 - every member's fitness is equal (``train/fitness_std`` is 0), or non-finite, or
 - the mean did not move (``es/update_norm`` is 0),
 
+A tie that comes after ``patience`` generations with a signal is reported apart, as a run that
+has stopped learning (converged, or the task saturated), not one that never could.
+
 naming the likely causes and the keys to change, tags the run (``ctx.tags``, which the MLflow
 logger copies onto the MLflow run: ``evolm.health``), and with ``abort=true`` ends the run with
 :class:`~evolm.errors.RunAborted`. A generation in which more than ``max_nonfinite`` of the
@@ -34,6 +37,13 @@ ADVICE = {
         "change the (greedy) outputs (raise es.sigma, or lora.init_scale), or the reward is the "
         "same for every completion (check that the base model can earn any reward on this task, "
         "e.g. the answer format; task.max_new_tokens may cut answers off)"
+    ),
+    "members_stalled": (
+        "every member scored the same fitness ({fitness}) for {n} generations, after {learned} "
+        "generations with a signal: the run has stopped learning. The perturbations no longer "
+        "change the outputs (the population has converged, or the task is saturated at this "
+        "fitness for the current answers). To explore further raise es.sigma; to stop such runs "
+        "early, callbacks.health.abort=true"
     ),
     "no_fitness": (
         "no member had a finite fitness for {n} generations: the task's rewards are NaN or "
@@ -79,21 +89,28 @@ class LearningMonitor(Callback):
         self.population_size, self.max_nonfinite = population_size, max_nonfinite
         self.streaks: dict[str, int] = dict.fromkeys(ADVICE, 0)
         self.reported: set[str] = set()
+        self.learned = 0  # generations whose members' fitness differed
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self.streaks = dict.fromkeys(ADVICE, 0)
         self.reported = set()
+        self.learned = 0
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         if M.FITNESS_STD not in record:
             return  # the start's eval record
         self._check_nonfinite(record)
         std, mean = record[M.FITNESS_STD], record[M.FITNESS_MEAN]
+        tie = math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean))
+        # a tie after learning is a stall (saturated or converged), not a run that never could
+        stalled = tie and self.learned >= self.patience
         now = {
+            "members_tie": tie and not stalled,
+            "members_stalled": stalled,
             "no_fitness": not math.isfinite(mean),
-            "members_tie": math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean)),
             "mean_static": math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] == 0.0,
         }
+        self.learned += bool(math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] > 0.0)
         for condition, holds in now.items():
             self.streaks[condition] = self.streaks[condition] + 1 if holds else 0
             if self.streaks[condition] >= self.patience and condition not in self.reported:
@@ -115,7 +132,7 @@ class LearningMonitor(Callback):
     def _report(self, ctx: RunContext, condition: str, record: Record) -> None:
         self.reported.add(condition)
         message = ADVICE[condition].format(
-            fitness=f"{record[M.FITNESS_MEAN]:.6g}", n=self.streaks[condition]
+            fitness=f"{record[M.FITNESS_MEAN]:.6g}", n=self.streaks[condition], learned=self.learned
         )
         ctx.tags[TAG] = condition
         if self.abort:
@@ -123,6 +140,9 @@ class LearningMonitor(Callback):
                 f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
                 f"{record[M.GENERATION]}"
             )
+        if condition == "members_stalled":
+            log.warning("THIS RUN HAS STOPPED LEARNING: %s.", message)
+            return
         log.warning(
             "THIS RUN IS NOT LEARNING: %s. Set callbacks.health.abort=true to stop such runs.",
             message,

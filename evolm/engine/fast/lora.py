@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from evolm.engine.kernels import LoraOperand
@@ -139,11 +140,31 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rows: int) -> Tensor
 ROW_CHUNK = 1024  # rows of per-row-member deltas computed at once (bounds the gathered Bt)
 
 
+DENSE_K = 256  # up to this many member x rank columns, per-row deltas are one masked GEMM
+
+
 def _row_delta(acts: RankActs, lora: GroupLora) -> Tensor:
-    """:func:`lora_delta` where each row names its member (``lora.member``): Bt gathered per
-    row, ``ROW_CHUNK`` rows at a time."""
+    """:func:`lora_delta` where each row names its member (``lora.member``).
+
+    ``u`` holds every member's rank activations; with few members x rank (<= ``DENSE_K``) the
+    other members' columns are zeroed and one GEMM per module against all members' stacked
+    ``Bt`` gives each row its own member's delta (prefill rows are ~40x faster this way on a
+    CPU than one tiny matmul per row). Otherwise Bt is gathered per row, ``ROW_CHUNK`` rows at
+    a time."""
     assert lora.member is not None
     rows, member = acts.u.shape[0], lora.member.long()
+    if lora.members * lora.rank <= DENSE_K:
+        mine = F.one_hot(member, lora.members).bool()[:, :, None]
+        u = torch.where(mine, acts.u.unflatten(1, (lora.members, lora.cols)), 0.0)
+        parts, col = [], 0
+        for off, width in zip(lora.offsets, lora.splits, strict=True):
+            if off < 0:
+                parts.append(u.new_zeros(rows, width, dtype=lora.Bt.dtype))
+            else:
+                bt = lora.Bt[:, :, col : col + width].reshape(-1, width)
+                parts.append(u[:, :, off : off + lora.rank].reshape(rows, -1).to(bt.dtype) @ bt)
+            col += width
+        return torch.cat(parts, -1)
     u = acts.u.unflatten(1, (lora.members, lora.cols))[torch.arange(rows), member]
     out = torch.empty(rows, lora.Bt.shape[-1], dtype=lora.Bt.dtype, device=u.device)
     for lo in range(0, rows, ROW_CHUNK):

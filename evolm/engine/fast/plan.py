@@ -38,11 +38,13 @@ class SlotPlan:
     total: int
 
     def describe(self) -> str:
-        return (
+        sizes = (
             f"{self.slots} slots x {self.positions} positions, {self.per_slot / MiB:.1f} MiB "
-            f"per slot + {self.fixed / MiB:.0f} MiB fixed, budget {self.budget / GiB:.1f} GiB "
-            f"of {self.total / GiB:.1f} GiB"
+            f"per slot + {self.fixed / MiB:.0f} MiB fixed"
         )
+        if not self.total:  # a CPU: no device memory to budget (server.max_batch_rows caps)
+            return f"{sizes} (host memory, no device budget)"
+        return f"{sizes}, budget {self.budget / GiB:.1f} GiB of {self.total / GiB:.1f} GiB"
 
 
 @dataclass(frozen=True)

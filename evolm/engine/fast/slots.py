@@ -125,6 +125,7 @@ class SlotGenerator:
         self.workspace: SlotWorkspace | None = None
         self.plan: SlotPlan | None = None
         self._asked: tuple[object, ...] = ()
+        self._logged: set[str] = set()  # plans already logged at INFO
         self.last_timings: dict[str, float] = {}
         self.name = "the model"  # named in the planner's error
 
@@ -188,7 +189,11 @@ class SlotGenerator:
         except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
             raise RuntimeError(f"out of memory allocating {plan.describe()}: {e}") from e
         self.plan, self._asked = plan, asked
-        log.info("continuous batching: %s", plan.describe())
+        text = plan.describe()  # each plan once at INFO (eval and train alternate plans)
+        log.log(
+            logging.DEBUG if text in self._logged else logging.INFO, "continuous batching: %s", text
+        )
+        self._logged.add(text)
         return plan
 
     # -- generation ----------------------------------------------------------------------
