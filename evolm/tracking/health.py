@@ -7,13 +7,12 @@ once per condition, when for ``patience`` generations in a row
 - every member's fitness is equal (``train/fitness_std`` is 0), or non-finite, or
 - the mean did not move (``es/update_norm`` is 0),
 
-A tie that comes after ``patience`` generations with a signal is reported apart, as a run that
-has stopped learning (converged, or the task saturated), not one that never could.
-
 naming the likely causes and the keys to change, tags the run (``ctx.tags``, which the MLflow
 logger copies onto the MLflow run: ``evolm.health``), and with ``abort=true`` ends the run with
-:class:`~evolm.errors.RunAborted`. A generation in which more than ``max_nonfinite`` of the
-members had a NaN/inf fitness (they rank worst) ends the run at once.
+:class:`~evolm.errors.RunAborted`. A tie that comes after ``patience`` generations with a signal
+is reported apart, as a run that has stopped learning (converged, or the task saturated), not
+one that never could. A generation in which more than ``max_nonfinite`` of the members had a
+NaN/inf fitness (they rank worst) ends the run at once.
 """
 
 from __future__ import annotations
@@ -87,14 +86,15 @@ class LearningMonitor(Callback):
             )
         self.patience, self.abort = patience, abort
         self.population_size, self.max_nonfinite = population_size, max_nonfinite
+        self._reset()
+
+    def _reset(self) -> None:
         self.streaks: dict[str, int] = dict.fromkeys(ADVICE, 0)
         self.reported: set[str] = set()
-        self.learned = 0  # generations whose members' fitness differed
+        self.learned = 0  # generations whose members' fitness differed and the mean moved
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
-        self.streaks = dict.fromkeys(ADVICE, 0)
-        self.reported = set()
-        self.learned = 0
+        self._reset()
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         if M.FITNESS_STD not in record:
