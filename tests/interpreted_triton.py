@@ -60,6 +60,10 @@ def main() -> None:
         out[f"base_{prompts}"] = check_forced(engine, None, prompts)
     out["spare_rows"] = engine.fast.model.layers[0].qkv.weight.shape[0]
     out["slots_equal"] = check_slots(engine, layout)
+    # an fp8 KV cache: the RoPE kernel rounds K/V into it, slot attention widens them to fp16
+    fp8 = LocalEngine.from_model(model, layout, fast=True, kv_cache_dtype="fp8")
+    fp8.fast.model.set_ops("triton")
+    out["slots_fp8_equal"] = check_slots(fp8, layout)
     # SmolLM2's layout (Llama: no q/k/v bias, tied embeddings, 9 / 3 heads, hidden 288)
     llama = llama_model(smol=True)
     layout = LoraLayout.from_hf_config(llama.config, LoraSpec(rank=3))

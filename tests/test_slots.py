@@ -5,6 +5,8 @@ must equal the lock-step one-batch path and transformers' generate."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -152,6 +154,12 @@ def test_planner_sizes_slots_from_free_memory() -> None:
     assert few.slots == 40
     cpu = plan_slots(SHAPE, 40, 1152, True, GiB, 0.9, 7, None)
     assert cpu.slots == 7
+    # an fp8 cache: half the KV bytes per slot, so about twice the slots in the same budget
+    fp8 = plan_slots(
+        replace(SHAPE, kv_itemsize=1), 6000, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total)
+    )
+    assert kv // 2 <= fp8.per_slot < kv // 2 * 1.02
+    assert 1.9 * plan.slots < fp8.slots < 2.0 * plan.slots
 
 
 def test_planner_errors_name_the_keys_and_numbers() -> None:
@@ -182,3 +190,55 @@ def test_bad_batching_settings(tiny_model_dir: str) -> None:
         LocalEngine(tiny_model_dir, layout, device="cpu", gpu_memory_utilization=1.5)
     with pytest.raises(ConfigError, match="batching"):
         LocalEngine(tiny_model_dir, layout, device="cpu", batching="paged")
+    loads = LocalEngine.loads
+    with pytest.raises(ConfigError) as err:
+        LocalEngine(tiny_model_dir, layout, device="cpu", kv_cache_dtype="int4")
+    assert err.value.key == "kv_cache_dtype" and "fp8" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        LocalEngine(tiny_model_dir, layout, device="cpu", kv_cache_dtype="fp8", batching="waves")
+    assert err.value.key == "kv_cache_dtype" and "continuous" in str(err.value)
+    assert LocalEngine.loads == loads  # refused before any model loads
+    with pytest.raises(ConfigError, match="fast path"):
+        LocalEngine(tiny_model_dir, layout, device="cpu", kv_cache_dtype="fp8", fast=False)
+
+
+def test_fp8_kv_cache(engine: LocalEngine, tiny_model_dir: str) -> None:
+    """``kv_cache_dtype=fp8``: the slots' cache is fp8 (a quarter of fp32's bytes here), K/V are
+    rounded as written, so the logits move a little but the greedy tokens stay close to the
+    full-precision cache's; a sampled run is reproducible from its seed."""
+    fp8 = LocalEngine(tiny_model_dir, engine.layout, device="cpu", kv_cache_dtype="fp8")
+    pop = population(engine, 3)
+    ids, mask = rows(engine, 3)
+    member = torch.arange(3).repeat_interleave(len(PROMPTS))
+    sampling = Sampling(max_new_tokens=12)
+    args = (ids, mask, member, pop, [12] * ids.shape[0], sampling)
+    ref = engine.generate_slots(*args, eos_ids=[])
+    got = fp8.generate_slots(*args, eos_ids=[])
+    assert fp8.slots is not None and fp8.slots.workspace is not None
+    cache = fp8.slots.workspace.cache
+    assert cache.k.dtype == cache.v.dtype == torch.float8_e4m3fn
+    assert engine.slots is not None and engine.slots.workspace is not None
+    assert engine.slots.workspace.cache.k.element_size() == 4 * cache.k.element_size()
+    assert cache.k.float().abs().sum() > 0  # written through the rounding copy
+    agree = (got == ref).float().mean().item()
+    assert agree >= 0.5, agree  # rounding flips near-ties; the runs stay alike
+    # first-token logits: the prompt's K/V are rounded to fp8, the difference is small
+    model, ws = fp8.slots.model, fp8.slots.workspace
+    full = engine.slots.model
+    row = torch.tensor([0])
+    pos = (mask[:1].long().cumsum(-1) - 1).clamp(min=0)
+    cos, sin = ws.cos[pos], ws.sin[pos]
+    with torch.inference_mode():
+        ref_cache = full.new_cache(1, ws.positions)
+        fp8_cache = model.new_cache(1, ws.positions, torch.float8_e4m3fn)
+        a = full.prefill(ids[:1], cos, sin, None, ref_cache, row, None)
+        b = model.prefill(ids[:1], cos, sin, None, fp8_cache, row, None)
+        assert torch.equal(a, b)  # prefill attends to its own (unrounded) K/V
+        rounded = ref_cache.k.to(torch.float8_e4m3fn).float()
+        assert torch.equal(fp8_cache.k.float(), rounded)  # the cache holds K rounded to fp8
+    sampled = Sampling(max_new_tokens=8, temperature=1.0)
+    sargs = (ids, mask, member, pop, [8] * ids.shape[0], sampled)
+    runs = [
+        fp8.generate_slots(*sargs, torch.Generator().manual_seed(5), eos_ids=[]) for _ in range(2)
+    ]
+    assert torch.equal(runs[0], runs[1])

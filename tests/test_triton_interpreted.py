@@ -34,3 +34,4 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     hidden_qkv = 128 + 2 * 64  # tiny model: q 128, k and v 64 each
     assert out["spare_rows"] > hidden_qkv  # A went into the weight buffer
     assert out["slots_equal"], "continuous batching's kernels disagree with the eager path"
+    assert out["slots_fp8_equal"], "the fp8 cache's kernels disagree with the eager fp8 path"

@@ -13,6 +13,8 @@ Methods (``--methods``):
 
 - ``continuous``: evolm's local engine, continuous batching (slots from the memory planner at
   ``gpu_memory_utilization`` 0.9, default settings);
+- ``continuous_fp8``: the same with ``kv_cache_dtype=fp8`` (an fp8 KV cache: twice the slots,
+  half the attention reads; opt-in, lossy);
 - ``waves``: the older lock-step path in waves of ``--wave-rows`` (2,000) rows;
 - ``sglang``: a real SGLang server (``--sglang-python``, launched here on the same random
   model) with the same rows in ONE ``/generate`` (per-request ``max_new_tokens``,
@@ -340,17 +342,21 @@ def run(
         budgets = lengths(regime, sizes.rows, sizes.max_new)
         record["results"].setdefault(regime, {})["tokens"] = sum(budgets)
         record["results"][regime]["floor"] = floor_s(dims, budgets, 4, sizes.prompt_len, device)
-    for method in ("continuous", "waves"):
+    for method in ("continuous", "continuous_fp8", "waves"):
         if method not in methods:
             continue
         engine.reset_fast_path()  # the other method's buffers go first
+        fp8 = method == "continuous_fp8"
+        assert engine.slots is not None
+        engine.slots.kv_dtype = torch.float8_e4m3fn if fp8 else None
+        batching = "waves" if method == "waves" else "continuous"
         # continuous: the first regime again at the end, warm (its first run captured graphs)
-        again = regimes[:1] if method == "continuous" else []
+        again = regimes[:1] if batching == "continuous" else []
         for i, regime in enumerate([*regimes, *again]):
             budgets = lengths(regime, sizes.rows, sizes.max_new)
             log.info("%s %s: %s", shape, regime, method)
             try:
-                rec = run_local(engine, ids, pop, budgets, method, wave_rows)
+                rec = run_local(engine, ids, pop, budgets, batching, wave_rows)
             except Exception as e:  # one method's failure must not lose the others
                 log.exception("%s failed", method)
                 rec = {"error": repr(e)[:2000]}
@@ -361,6 +367,7 @@ def run(
             log.info("%s %s %s: %s", shape, regime, method, rec)
             save()
         engine.reset_fast_path()
+        engine.slots.kv_dtype = None
     if "sglang" in methods or "evolm_sglang" in methods:
         folder = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
         model_dir = save_model(model, folder / "model")
@@ -409,7 +416,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
     for rec in records:
         for regime, res in rec["results"].items():
             fl = res.get("floor", {}).get("floor_s", math.nan)
-            for method in ("continuous", "waves", "sglang"):
+            for method in ("continuous", "continuous_fp8", "waves", "sglang"):
                 r = res.get(method)
                 if r is None:
                     continue

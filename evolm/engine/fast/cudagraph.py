@@ -28,6 +28,14 @@ class PhaseTimer:
         self.cuda = device.type == "cuda"
         self.marks: list[tuple[str, object]] = [("start", self._now())]
 
+    def now(self) -> object:
+        """A time point (for :meth:`between`)."""
+        return self._now()
+
+    def between(self, a: object, b: object) -> float:
+        """Seconds from time point ``a`` to ``b`` (on GPUs after :meth:`done`)."""
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a  # type: ignore[attr-defined,operator]
+
     def _now(self) -> object:
         if not self.cuda:
             return time.perf_counter()
@@ -43,5 +51,5 @@ class PhaseTimer:
             torch.cuda.synchronize()
         out = {}
         for (_, a), (name, b) in zip(self.marks, self.marks[1:], strict=False):
-            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a  # type: ignore[attr-defined,operator]
+            out[name] = self.between(a, b)
         return out

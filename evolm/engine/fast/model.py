@@ -151,9 +151,11 @@ class FastModel:
             self.weights_version += 1
         return proj.spare_rows(rows)
 
-    def new_cache(self, rows: int, slots: int) -> KVCache:
+    def new_cache(self, rows: int, slots: int, dtype: torch.dtype | None = None) -> KVCache:
+        """A zeroed cache in ``dtype`` (None: the model's; ``torch.float8_e4m3fn``: an fp8
+        cache, K/V rounded when written and widened when read)."""
         shape = (len(self.layers), rows, self.kv_heads, slots, self.head_dim)
-        kw = {"dtype": self.embed.dtype, "device": self.embed.device}
+        kw = {"dtype": dtype or self.embed.dtype, "device": self.embed.device}
         return KVCache(torch.zeros(shape, **kw), torch.zeros(shape, **kw))
 
     def rope_tables(self, slots: int) -> tuple[Tensor, Tensor]:
@@ -250,8 +252,8 @@ class FastModel:
                 t.view(r, length, -1, self.head_dim).transpose(1, 2)  # type: ignore[union-attr]
                 for t in self._qkv(i, w, h, lora, cos, sin)
             )
-            cache.k[i][rows, :, :length] = k
-            cache.v[i][rows, :, :length] = v
+            cache.k[i][rows, :, :length] = k.to(cache.k.dtype)
+            cache.v[i][rows, :, :length] = v.to(cache.v.dtype)
             attn = self._prefill_attention(q, k, v, mask)
             attn = attn.transpose(1, 2).reshape(r * length, self.q_out)
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
@@ -344,14 +346,15 @@ class FastModel:
             h = self.add_norm(x, pending, w.ln1)
             q, k, v = self._qkv(i, w, h, lora, cos, sin, (cache.k[i], cache.v[i], sel, pos))
             if k is not None and v is not None:  # not written by the fused kernel
-                cache.k[i][sel, :, pos] = k
-                cache.v[i][sel, :, pos] = v
+                cache.k[i][sel, :, pos] = k.to(cache.k.dtype)
+                cache.v[i][sel, :, pos] = v.to(cache.v.dtype)
             q = q.reshape(rows, self.kv_heads, group, self.head_dim)
             if bias4 is None:
                 attn = self.ops.slot_attention(q, cache.k[i], cache.v[i], sel, lo, hi)  # type: ignore[misc]
             else:
                 with self._decode_backend():
                     kc, vc = cache.k[i][sel, :, :width], cache.v[i][sel, :, :width]
+                    kc, vc = kc.to(q.dtype), vc.to(q.dtype)  # an fp8 cache is widened to read
                     attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
             attn = attn.reshape(rows, self.q_out)
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)

@@ -22,6 +22,7 @@ import torch
 from evolm.errors import ConfigError
 
 GiB, MiB = 2**30, 2**20
+GREEDY_ROWS = 1024  # rows per greedy LM-head block (H100, 1.5B shape: 1.31 ms vs 1.78 at 256)
 MARGIN = 512 * MiB  # CUDA graphs' own memory, allocator fragmentation, cuBLAS workspaces
 SAMPLER_BYTES = 24  # per vocabulary entry and row when sampling: fp32 probs, sort, cumsum
 
@@ -63,6 +64,7 @@ class Shape:
     lora_cols: int = 0  # every member's rank columns the base GEMMs also produce
     name: str = "model"
     dtype: str = "bfloat16"
+    kv_itemsize: int = 0  # bytes per KV-cache element (0: ``itemsize``; 1: an fp8 cache)
 
 
 def plan_slots(
@@ -81,12 +83,13 @@ def plan_slots(
     allocator holds but does not use (None: a CPU, no budget: every row, capped by
     ``max_rows``)."""
     cap = rows if max_rows is None else min(rows, max_rows)
-    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * shape.itemsize
+    kv_item = shape.kv_itemsize or shape.itemsize
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * kv_item
     acts = (3 * shape.inter + 6 * shape.hidden + 2 * shape.q_out + shape.lora_cols) * 2
     per_slot = kv + acts * shape.itemsize + 64
     if not greedy:
         per_slot += shape.vocab * (shape.itemsize + SAMPLER_BYTES)
-    greedy_block = min(cap, 256) * shape.vocab * shape.itemsize if greedy else 0
+    greedy_block = min(cap, GREEDY_ROWS) * shape.vocab * shape.itemsize if greedy else 0
     fixed = prefill_bytes + greedy_block + MARGIN
     if memory is None:
         return SlotPlan(cap, positions, per_slot, fixed, 0, 0)
@@ -98,13 +101,15 @@ def plan_slots(
         raise ConfigError(
             "task.max_new_tokens",
             f"one row needs {per_slot / MiB:.1f} MiB ({positions} cache positions x "
-            f"{kv // positions / 1024:.0f} KiB of KV for {shape.name} in {shape.dtype}, plus "
+            f"{kv // positions / 1024:.0f} KiB of KV for {shape.name} in {shape.dtype}"
+            f"{', fp8 cache' if kv_item == 1 else ''}, plus "
             f"activations), but server.gpu_memory_utilization={utilization} of "
             f"{total / GiB:.1f} GiB leaves {max(budget, 0) / MiB:.0f} MiB after "
             f"{used / GiB:.1f} GiB in use (weights {shape.weight_bytes / GiB:.1f} GiB, adapters, "
             f"other processes) and {fixed / MiB:.0f} MiB of prefill/graph buffers",
             "lower task.max_new_tokens (or the prompt length), raise "
-            "server.gpu_memory_utilization, or use a smaller model or dtype",
+            "server.gpu_memory_utilization, set server.kv_cache_dtype=fp8 (half the KV bytes), "
+            "or use a smaller model or dtype",
         )
     if max_rows is not None and min(rows, max_rows) > fit:
         raise ConfigError(

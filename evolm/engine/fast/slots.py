@@ -34,7 +34,7 @@ from torch import Tensor
 from evolm.engine.fast.cudagraph import PhaseTimer, capture
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel, prefill_mask
-from evolm.engine.fast.plan import Shape, SlotPlan, device_memory, plan_slots
+from evolm.engine.fast.plan import GREEDY_ROWS, Shape, SlotPlan, device_memory, plan_slots
 from evolm.engine.hf.generation import next_token
 from evolm.sampling import Sampling
 
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 MIN_PREFILL_BYTES = 256 * 2**20
 PREFILL_SHARE = 0.04  # prefill transients <= this share of the device memory, or the minimum
-GREEDY_ROWS = 256
 
 
 def buckets(slots: int) -> list[int]:
@@ -58,10 +57,12 @@ def buckets(slots: int) -> list[int]:
 class SlotWorkspace:
     """The static slot buffers (see the module docstring)."""
 
-    def __init__(self, model: FastModel, slots: int, positions: int) -> None:
+    def __init__(
+        self, model: FastModel, slots: int, positions: int, kv_dtype: torch.dtype | None = None
+    ) -> None:
         dev = model.embed.device
         self.slots, self.positions, self.device = slots, positions, dev
-        self.cache = model.new_cache(slots + 1, positions)
+        self.cache = model.new_cache(slots + 1, positions, kv_dtype)
         self.cos, self.sin = model.rope_tables(positions)
 
         def z(dtype: torch.dtype = torch.long) -> Tensor:
@@ -106,6 +107,8 @@ class SlotGenerator:
         max_rows: cap on concurrent rows (None: as many as fit).
         prefill_tokens: tokens per prefill chunk (None: from a memory budget).
         check_every: decode steps between host syncs (finished rows are retired then).
+        kv_dtype: the KV cache's dtype (None: the model's; ``torch.float8_e4m3fn``: half the
+            bytes of bf16, so twice the slots and half the attention reads, at fp8 precision).
     """
 
     def __init__(
@@ -116,8 +119,9 @@ class SlotGenerator:
         max_rows: int | None = None,
         prefill_tokens: int | None = None,
         check_every: int = 8,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
-        self.model = model
+        self.model, self.kv_dtype = model, kv_dtype
         self.device = model.embed.device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.utilization, self.max_rows = gpu_memory_utilization, max_rows
@@ -162,6 +166,7 @@ class SlotGenerator:
             lora_cols=cols,
             name=name,
             dtype=str(m.embed.dtype).removeprefix("torch."),
+            kv_itemsize=(self.kv_dtype or m.embed.dtype).itemsize,
         )
 
     def prepare(self, rows: int, positions: int, greedy: bool, lora: FastLora | None) -> SlotPlan:
@@ -169,7 +174,7 @@ class SlotGenerator:
         positions = -(-positions // 16) * 16
         ws = self.workspace
         key = (self.model.lm_head.weight.data_ptr(), self.model.weights_version)
-        asked = (rows, positions, greedy, self.max_rows, self.utilization)
+        asked = (rows, positions, greedy, self.max_rows, self.utilization, self.kv_dtype)
         if ws is not None and self.plan is not None and ws.key == key and self._asked == asked:
             return self.plan
         self.workspace = None  # free the old cache before measuring
@@ -185,7 +190,7 @@ class SlotGenerator:
             device_memory(self.device),
         )
         try:
-            self.workspace = SlotWorkspace(self.model, plan.slots, positions)
+            self.workspace = SlotWorkspace(self.model, plan.slots, positions, self.kv_dtype)
         except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
             raise RuntimeError(f"out of memory allocating {plan.describe()}: {e}") from e
         self.plan, self._asked = plan, asked
@@ -235,22 +240,26 @@ class SlotGenerator:
         queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
         active: list[int] = []
         refill = max(1, ws.slots // 16)
-        steps = prefills = batch = 0
+        steps = prefills = batch = busy = padded = 0
+        spans: list[tuple[object, object]] = []  # (start, end) of each prefill: its time
         while queue or active:
             if queue and (not active or len(free) >= refill):
                 take = min(len(free), len(queue))
                 chosen = [queue.popleft() for _ in range(take)]
                 slots = [free.pop() for _ in range(take)]
+                begin = timer.now()
                 self._prefill(
                     ws, ids, mask, chosen, slots, members, budget_t, lora, sampling,
                     eos, out, widest, generator,
                 )  # fmt: skip
+                spans.append((begin, timer.now()))
                 prefills += 1
                 active += slots
                 batch = self._set_batch(ws, active)
             for _ in range(self.check_every):
                 self._step(ws, batch, lora, sampling, eos, out, widest, generator)
                 steps += 1
+            busy, padded = busy + len(active) * self.check_every, padded + batch * self.check_every
             done = ws.done[ws.sel[: len(active)]].tolist()
             if any(done):
                 free += [s for s, d in zip(active, done, strict=True) if d]
@@ -258,7 +267,14 @@ class SlotGenerator:
                 batch = self._set_batch(ws, active) if active else 0
         timer.mark("generate_s")
         self.last_timings = timer.done()
-        self.last_timings.update(steps=float(steps), prefills=float(prefills), slots=ws.slots)
+        self.last_timings.update(
+            steps=float(steps),
+            prefills=float(prefills),
+            prefill_s=sum(timer.between(a, b) for a, b in spans),
+            slots=ws.slots,
+            rows_per_step=busy / max(1, steps),  # rows still generating, per decode step
+            padding=1 - busy / max(1, padded),  # share of computed batch rows that were idle
+        )
         return out[:-1].view(rows, widest)
 
     def _set_batch(self, ws: SlotWorkspace, active: list[int]) -> int:

@@ -77,7 +77,7 @@ def _slot_attention_kernel(
     sq_r, sq_h, sq_g, sk_r, sk_h, sk_n, sv_r, sv_h, sv_n, so_r, so_h, so_g,
     kv_heads, scale,
     G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     r, h = pid // kv_heads, pid % kv_heads
@@ -87,6 +87,8 @@ def _slot_attention_kernel(
     offs_g, offs_d = tl.arange(0, G_PAD), tl.arange(0, HD)
     g_ok = offs_g[:, None] < G
     q = tl.load(q_ptr + r * sq_r + h * sq_h + offs_g[:, None] * sq_g + offs_d[None, :], mask=g_ok)
+    if FP8:  # an fp8 cache: products in fp16, the one type fp8 widens to in one instruction
+        q = q.to(tl.float16)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HD], tl.float32)
@@ -96,14 +98,15 @@ def _slot_attention_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         k = tl.load(k_row + offs_n[:, None] * sk_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
         s = tl.where(n_ok[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_row + offs_n[:, None] * sv_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = acc / l_i[:, None]
     o_off = r * so_r + h * so_h + offs_g[:, None] * so_g + offs_d[None, :]
@@ -111,6 +114,7 @@ def _slot_attention_kernel(
 
 
 SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3}  # H200: 4.0 TB/s (slot_tune)
+# an fp8 cache (H100, 1.5B shape, 1,600 rows): 0.235 ms per layer against bf16's 0.377
 
 
 def slot_attention(
@@ -124,7 +128,8 @@ def slot_attention(
 ) -> Tensor:
     """Continuous batching's decode attention: ``q [B, kv_heads, g, hd]``; row ``b`` attends
     over positions ``lo[b] <= n < hi[b]`` of cache row ``sel[b]`` of ``k``/``v [C, kv_heads,
-    T, hd]`` (no mask tensor: each row streams only its own length). ``[B, kv_heads*g*hd]``."""
+    T, hd]`` (no mask tensor: each row streams only its own length). ``[B, kv_heads*g*hd]``.
+    An fp8 cache (``torch.float8_e4m3fn``) is widened to fp16 as it is read."""
     rows, kv_heads, g, hd = q.shape
     t = tune or SLOT_TUNE
     out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
@@ -136,7 +141,7 @@ def slot_attention(
         out.stride(0), out.stride(1), out.stride(2),
         kv_heads, hd**-0.5,
         G=g, G_PAD=g_pad, HD=hd, BLOCK_N=t["block_n"],
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=k.element_size() == 1,
         num_warps=t["warps"], num_stages=t["stages"],
     )  # fmt: skip
     return out.view(rows, -1)

@@ -211,10 +211,11 @@ def _qkv_rope_kernel(
             v_at = vc_ptr + rows[:, None] * svc_r + (h - rot_heads) * svc_h + slot * svc_n
         k_at += offs_d[None, :]
         v_at += offs_d[None, :]
-        tl.store(k_at, o1.to(ty), mask=is_k)
-        tl.store(k_at + HALF, o2.to(ty), mask=is_k)
-        tl.store(v_at, o1.to(ty), mask=is_v)
-        tl.store(v_at + HALF, o2.to(ty), mask=is_v)
+        cty = kc_ptr.dtype.element_ty  # the cache's dtype: the model's, or fp8 (rounded here)
+        tl.store(k_at, o1.to(cty), mask=is_k)
+        tl.store(k_at + HALF, o2.to(cty), mask=is_k)
+        tl.store(v_at, o1.to(cty), mask=is_v)
+        tl.store(v_at + HALF, o2.to(cty), mask=is_v)
 
 
 def qkv_rope(
