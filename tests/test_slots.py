@@ -141,6 +141,25 @@ SHAPE = Shape(
 )  # fmt: skip
 
 
+def test_workspace_kept_for_smaller_generations(engine: LocalEngine) -> None:
+    """An evaluation (fewer rows) after a population's generation reuses its slots, cache and
+    graphs instead of planning and allocating again; more positions than it has: re-planned."""
+    assert engine.slots is not None
+    pop = population(engine, 4)
+    ids, mask = rows(engine, 4)
+    sampling = Sampling(max_new_tokens=6)
+    engine.slots.workspace = None
+    alone = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
+    engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])
+    ws = engine.slots.workspace
+    assert ws is not None and ws.slots == ids.shape[0]
+    after = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
+    assert engine.slots.workspace is ws
+    assert torch.equal(after, alone)
+    engine.generate_ids(ids[:3], mask[:3], None, Sampling(max_new_tokens=60), eos_ids=[])
+    assert engine.slots.workspace is not ws and engine.slots.workspace is not None
+
+
 def test_planner_sizes_slots_from_free_memory() -> None:
     total = 80 * GiB
     plan = plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total))

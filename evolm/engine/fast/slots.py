@@ -132,6 +132,7 @@ class SlotGenerator:
         self.workspace: SlotWorkspace | None = None
         self.plan: SlotPlan | None = None
         self._asked: tuple[object, ...] = ()
+        self._rows = 0  # rows the current plan was made for
         self._logged: set[str] = set()  # plans already logged at INFO
         self.last_timings: dict[str, float] = {}
         self.name = "the model"  # named in the planner's error
@@ -173,13 +174,19 @@ class SlotGenerator:
         )
 
     def prepare(self, rows: int, positions: int, greedy: bool, lora: FastLora | None) -> SlotPlan:
-        """Plan the slots (reusing the workspace when it still fits) and allocate them."""
+        """Plan the slots and allocate them, or reuse the workspace while it fits: as many
+        slots and positions or more, the same settings (a run's evaluations, fewer rows than
+        its generations, then keep the generations' workspace and graphs)."""
         positions = -(-positions // 16) * 16
         ws = self.workspace
         key = (self.model.lm_head.weight.data_ptr(), self.model.weights_version)
-        asked = (rows, positions, greedy, self.max_rows, self.utilization, self.kv_dtype)
+        asked = (greedy, self.max_rows, self.utilization, self.kv_dtype)
         if ws is not None and self.plan is not None and ws.key == key and self._asked == asked:
-            return self.plan
+            every_row = ws.slots >= rows and ws.positions >= positions
+            # fewer slots than its rows: memory or max_batch_rows capped it, as they would again
+            capped = ws.slots < self._rows and ws.positions == positions
+            if every_row or capped:
+                return self.plan
         self.workspace = None  # free the old cache before measuring
         prefill = self._prefill_budget() * self._per_token()
         plan = plan_slots(
@@ -196,7 +203,7 @@ class SlotGenerator:
             self.workspace = SlotWorkspace(self.model, plan.slots, positions, self.kv_dtype)
         except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
             raise RuntimeError(f"out of memory allocating {plan.describe()}: {e}") from e
-        self.plan, self._asked = plan, asked
+        self.plan, self._asked, self._rows = plan, asked, rows
         text = plan.describe()  # each plan once at INFO (eval and train alternate plans)
         log.log(
             logging.DEBUG if text in self._logged else logging.INFO, "continuous batching: %s", text
