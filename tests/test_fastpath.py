@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from evolm.bench.shapes import build_model
 from evolm.engine.fast.lora import FastLora, GroupLora, RankActs, lora_delta, operand, project
+from evolm.engine.fast.slots import member_runs
 from evolm.engine.hf.multilora import load_population
 from evolm.engine.local import LocalEngine
 from evolm.es import ES
@@ -192,6 +193,20 @@ def test_grouped_lora_equals_each_module_alone(in_weights: bool, targets: list[s
         base, u = project(x[lo * rows : hi * rows], weight, None, sum(outs), g)
         got = base + lora_delta(u, g)
         assert (got - want[lo * rows : hi * rows]).abs().max().item() <= 1e-4
+    # continuous batching: rows of any member in any order, each naming its member; and rows
+    # sorted by member in runs (eager prefill: one GEMM per member's run when A has its own
+    # buffer, u of its own member only)
+    member = torch.arange(members).repeat_interleave(rows)
+    perm = torch.randperm(members * rows, generator=gen)
+    g = lora.rows(member[perm]).get(0, "qkv")
+    base, u = project(x[perm], weight, None, sum(outs), g)
+    assert (base + lora_delta(u, g) - want[perm]).abs().max().item() <= 1e-4
+    runs = member_runs(member.tolist(), 1)
+    assert runs == tuple((m, m * rows, (m + 1) * rows) for m in range(members))
+    g = lora.runs(member, runs).get(0, "qkv")
+    base, u = project(x, weight, None, sum(outs), g)
+    assert (u.member_stride == 0) != in_weights  # own columns only, or every member's
+    assert (base + lora_delta(u, g) - want).abs().max().item() <= 1e-4
 
 
 def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
@@ -210,13 +225,15 @@ def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
     assert engine.fast.workspace is first  # fewer slots: same buffers
     run(4, ids[:4])
     assert engine.fast.workspace is not first  # other row count: rebuilt
-    engine.batching = "continuous"  # the slot workspace: kept while the plan's inputs repeat
+    engine.batching = "continuous"  # the slot workspace: kept while the rows fit in it
     assert engine.slots is not None
     run(4, ids)
     slots = engine.slots.workspace
     run(3, ids)  # same rows and (rounded) positions: same plan, same buffers and graphs
     assert engine.slots.workspace is slots
-    run(4, ids[:4])
+    run(4, ids[:4])  # fewer rows: they fit in the slots there are
+    assert engine.slots.workspace is slots
+    run(40, ids)  # more positions than its cache has: planned again
     assert engine.slots.workspace is not slots
 
 

@@ -50,7 +50,9 @@ class GroupLora:
     weight-buffer rows the base GEMM covers to produce ``u`` of ALL members after its ``out``
     columns (0: ``A`` has its own buffer and ``u`` is a ``bmm``); ``lo``: the first member of
     this range; ``member [rows]``: each row's member (continuous batching: rows of any member in
-    any order; None: member-major equal blocks).
+    any order; None: member-major equal blocks); ``runs``: rows grouped by member in runs of any
+    length, ``(member, first row, end row)`` each (eager prefill, ``A`` in its own buffer: one
+    small GEMM per run instead of every member's columns for every row).
     """
 
     A: Tensor
@@ -60,6 +62,7 @@ class GroupLora:
     spare: int = 0
     lo: int = 0
     member: Tensor | None = None
+    runs: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def members(self) -> int:
@@ -111,6 +114,11 @@ def project(
 ) -> tuple[Tensor, RankActs | None]:
     """``(bias + x W^T, u)`` for ``x [rows, in]``; ``weight [out + spare rows, in]`` is the
     projection's whole buffer (its first ``out`` rows are W)."""
+    if lora is not None and lora.runs is not None and lora.spare == 0:  # each run its member's
+        u = x.new_empty(x.shape[0], lora.cols)
+        for m, lo, hi in lora.runs:
+            torch.mm(x[lo:hi], lora.A[m].t(), out=u[lo:hi])
+        return _linear(x, weight, bias, out), RankActs(u, 0)
     if lora is not None and lora.member is not None:  # rows of any member: every member's u
         if lora.spare == 0:
             base = _linear(x, weight, bias, out)
@@ -181,8 +189,24 @@ def _row_delta(acts: RankActs, lora: GroupLora) -> Tensor:
     return out
 
 
+def _run_delta(acts: RankActs, lora: GroupLora) -> Tensor:
+    """:func:`lora_delta` for rows in member runs (``lora.runs``; ``u`` is each row's own)."""
+    assert lora.runs is not None
+    out = acts.u.new_zeros(acts.u.shape[0], lora.Bt.shape[-1], dtype=lora.Bt.dtype)
+    for m, lo, hi in lora.runs:
+        col = 0
+        for off, width in zip(lora.offsets, lora.splits, strict=True):
+            if off >= 0:
+                u = acts.u[lo:hi, off : off + lora.rank].to(lora.Bt.dtype)
+                torch.mm(u, lora.Bt[m, :, col : col + width], out=out[lo:hi, col : col + width])
+            col += width
+    return out
+
+
 def lora_delta(acts: RankActs, lora: GroupLora) -> Tensor:
     """``[rows, out]``: every module's ``u_j Bt_j`` in its output columns (eager)."""
+    if lora.runs is not None and acts.member_stride == 0:
+        return _run_delta(acts, lora)
     if lora.member is not None:
         return _row_delta(acts, lora)
     u = acts.per_member(lora.members, lora.cols)
@@ -277,6 +301,11 @@ class FastLora:
         """Rows of any members in any order: row ``i`` is member ``member[i]``."""
         return FastLoraRows(self, member)
 
+    def runs(self, member: Tensor, runs: tuple[tuple[int, int, int], ...]) -> FastLoraRows:
+        """Rows grouped by member: ``runs`` of ``(member, first row, end row)`` (and ``member``
+        per row, for the kernels that take it)."""
+        return FastLoraRows(self, member, runs)
+
     def nbytes(self) -> int:
         """Bytes of the buffers this object owns (``A`` in weight buffers not counted)."""
         own = [g.Bt for g in self.groups.values()]
@@ -298,13 +327,20 @@ class FastLoraView:
 class FastLoraRows:
     """A :class:`FastLora` for rows that each name their member (continuous batching)."""
 
-    def __init__(self, lora: FastLora, member: Tensor) -> None:
-        self.lora, self.member = lora, member
+    def __init__(
+        self,
+        lora: FastLora,
+        member: Tensor,
+        runs: tuple[tuple[int, int, int], ...] | None = None,
+    ) -> None:
+        self.lora, self.member, self.runs = lora, member, runs
         self._groups: dict[tuple[int, str], GroupLora | None] = {}
 
     def get(self, layer: int, group: str) -> GroupLora | None:
         key = (layer, group)
         if key not in self._groups:
             g = self.lora.get(layer, group)
-            self._groups[key] = None if g is None else replace(g, member=self.member)
+            self._groups[key] = (
+                None if g is None else replace(g, member=self.member, runs=self.runs)
+            )
         return self._groups[key]

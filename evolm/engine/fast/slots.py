@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from evolm.engine.fast.cudagraph import PhaseTimer, capture
-from evolm.engine.fast.lora import FastLora
+from evolm.engine.fast.lora import FastLora, FastLoraRows
 from evolm.engine.fast.model import FastModel, prefill_mask
 from evolm.engine.fast.plan import GREEDY_ROWS, Shape, SlotPlan, device_memory, plan_slots
 from evolm.engine.hf.generation import next_token
@@ -45,6 +45,18 @@ PREFILL_SHARE = 0.04  # prefill transients <= this share of the device memory, o
 
 
 BUCKETS = 16  # graphs per (adapters, greedy): eighths padded the fp8 cache's 4,074 slots 6.8%
+
+
+def member_runs(members: list[int], length: int) -> tuple[tuple[int, int, int], ...]:
+    """``(member, first token, end token)`` of each run of equal members in rows of ``length``
+    tokens (rows sorted by member: one run per member)."""
+    runs: list[tuple[int, int, int]] = []
+    for i, m in enumerate(members):
+        if runs and runs[-1][0] == m:
+            runs[-1] = (m, runs[-1][1], (i + 1) * length)
+        else:
+            runs.append((m, i * length, (i + 1) * length))
+    return tuple(runs)
 
 
 def buckets(slots: int) -> list[int]:
@@ -317,15 +329,29 @@ class SlotGenerator:
         rows_t = torch.tensor(chosen, dtype=torch.long, device=dev)
         slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
         chunk = max(1, self._prefill_budget() // length)
+        runs = lora is not None and self.model.ops.mode != "triton"
         for lo in range(0, len(chosen), chunk):
             r, s = rows_t[lo : lo + chunk], slots_t[lo : lo + chunk]
-            m = mask[r]
+            mem = members[r]
+            # eager LoRA: the model sees the rows sorted by member, one small GEMM per member's
+            # run of tokens; the logits come back in the rows' order (the same sampling draws)
+            order = torch.argsort(mem, stable=True) if runs else None
+            pr, ps = (r, s) if order is None else (r[order], s[order])
+            m = mask[pr]
             positions = (m.long().cumsum(-1) - 1).clamp(min=0)
             cos, sin = ws.cos[positions], ws.sin[positions]
             pmask = None if bool(m.all()) else prefill_mask(m, ws.dtype)
-            mem = members[r]
-            view = None if lora is None else lora.rows(mem.repeat_interleave(length))
-            logits = self.model.prefill(ids[r], cos, sin, pmask, ws.cache, s, view)
+            view: FastLoraRows | None = None
+            if lora is not None and order is None:
+                view = lora.rows(mem.repeat_interleave(length))
+            elif lora is not None:
+                by_member = mem[order]
+                spans = member_runs(by_member.tolist(), length)
+                view = lora.runs(by_member.repeat_interleave(length), spans)
+            logits = self.model.prefill(ids[pr], cos, sin, pmask, ws.cache, ps, view)
+            if order is not None:
+                logits = logits[torch.argsort(order)]
+            m = mask[r]
             first = next_token(logits, sampling, generator)
             ws.lens[s] = length
             ws.start[s] = length - m.sum(-1)
