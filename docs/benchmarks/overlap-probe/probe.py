@@ -1,5 +1,6 @@
-# The script that produced docs/benchmarks/h100-overlap-probe.json (run_1: probe.py, run_2: probe2.py),
-# kept as it ran: PYTHONPATH=. python3 docs/benchmarks/overlap-probe/probe.py qwen2.5-1.5b:1600 qwen2.5-7b:700
+# The script that produced docs/benchmarks/h100-overlap-probe.json: run_1 as it is, run_2 with
+# probe2.diff applied (patch -o probe2.py probe.py probe2.diff). Kept as it ran:
+# PYTHONPATH=. python3 docs/benchmarks/overlap-probe/probe.py qwen2.5-1.5b:1600 qwen2.5-7b:700
 """GPU probe: where can a continuous-batching decode step get faster? (scratch, not shipped)
 
 1. two halves of the batch on two streams (naive / attention alternated by events), in a graph,
