@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.fast.model import to_cache
 from evolm.engine.fast.plan import GiB, Shape, plan_slots
 from evolm.engine.fast.slots import buckets
 from evolm.engine.local import LocalEngine
@@ -116,6 +117,38 @@ def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
     finally:
         engine.max_batch_rows = None
     assert torch.equal(shuffled, ordered[perm])
+
+
+def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> None:
+    """Eager prefill sorts a chunk's rows by member (one LoRA GEMM per member's run) and puts
+    the logits back: sampled tokens, row by row, equal those of the per-row path."""
+    assert engine.slots is not None
+    pop = population(engine, 3)
+    ids, mask = rows(engine, 3)
+    perm = torch.randperm(9, generator=torch.Generator().manual_seed(1))
+    member = torch.arange(3).repeat_interleave(len(PROMPTS))[perm]
+    hot = Sampling(max_new_tokens=6, temperature=1.0)
+
+    def sampled() -> torch.Tensor:
+        seed = torch.Generator().manual_seed(7)
+        return engine.generate_slots(ids[perm], mask[perm], member, pop, [6] * 9, hot, seed, [])
+
+    by_runs = sampled()
+    engine.slots.prefill_runs = False
+    try:
+        per_row = sampled()
+    finally:
+        engine.slots.prefill_runs = True
+    assert torch.equal(by_runs, per_row)
+
+
+def test_fp8_cache_writes_saturate() -> None:
+    """Values beyond e4m3's range are clamped to +-448 as the kernels' stores do, never NaN."""
+    cache = torch.zeros(4, dtype=torch.float8_e4m3fn)
+    got = to_cache(torch.tensor([1000.0, -1e6, 3.3, 0.0]), cache).float()
+    assert got.tolist() == [448.0, -448.0, 3.25, 0.0]
+    same = torch.ones(2)
+    assert to_cache(same, torch.zeros(2)) is same
 
 
 def test_generate_text_equals_waves(engine: LocalEngine) -> None:

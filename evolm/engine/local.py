@@ -119,9 +119,11 @@ class LocalEngine(Engine):
         batching: ``continuous`` (slots refilled as rows finish) or ``waves`` (lock-step
             chunks; the older path, kept for comparison).
         kv_cache_dtype: ``auto`` (the model's dtype) or ``fp8`` (e4m3, continuous batching
-            only): half the KV bytes of bf16, so about twice the slots and half the attention
-            reads; K/V are rounded to fp8 (about 4% relative error per attention output on
-            random data), so tokens differ from the ``auto`` cache's. Opt-in, for throughput.
+            only, GPUs of compute capability >= 8.9 or CPUs): half the KV bytes of bf16, so
+            about twice the slots and half the attention reads. K/V are rounded to fp8 with no
+            scale (about 4% relative error per attention output on random data; values beyond
+            +-448 saturate, and models with large K values, e.g. Qwen2.x, lose more), so tokens
+            differ from the ``auto`` cache's. Opt-in, for throughput.
         threads: CPU threads for torch (``None``: torch's default). Small models on a busy
             machine run faster, and steadier, on 1.
         fast: use the fast path (``None``: where the architecture supports it; ``True``: raise
@@ -226,6 +228,15 @@ class LocalEngine(Engine):
                 f"an fp8 KV cache needs the fast path ({why})",
                 "set server.kv_cache_dtype=auto",
             )
+        if self.kv_dtype is not None and self.device.type == "cuda":
+            cap = torch.cuda.get_device_capability(self.device)
+            if cap < (8, 9):  # the kernels' fp8 (e4m3) loads and stores need Ada / Hopper
+                raise ConfigError(
+                    "kv_cache_dtype",
+                    f"an fp8 KV cache needs a GPU of compute capability >= 8.9, this one is "
+                    f"{cap[0]}.{cap[1]}",
+                    "set server.kv_cache_dtype=auto",
+                )
         if fast is not False and reason is None:
             self.fast = FastGenerator(FastModel(self.model))
             self.slots = SlotGenerator(

@@ -78,6 +78,19 @@ class KVCache:
     v: Tensor
 
 
+FP8_MAX = 448.0  # e4m3's largest finite value
+
+
+def to_cache(t: Tensor, cache: Tensor) -> Tensor:
+    """``t`` in the cache's dtype; into an fp8 cache clamped to its range first, as the Triton
+    kernels' saturating stores do (a cast alone gave NaN above ~464 in older torch)."""
+    if cache.dtype == t.dtype:
+        return t
+    if cache.element_size() == 1:
+        t = t.clamp(-FP8_MAX, FP8_MAX)
+    return t.to(cache.dtype)
+
+
 def prefill_mask(valid: Tensor, dtype: torch.dtype) -> Tensor:
     """Additive ``[rows, 1, L, L]`` mask: causal, no padded keys; each query sees itself, so the
     rows of padded positions stay finite (their outputs are never used)."""
@@ -252,8 +265,8 @@ class FastModel:
                 t.view(r, length, -1, self.head_dim).transpose(1, 2)  # type: ignore[union-attr]
                 for t in self._qkv(i, w, h, lora, cos, sin)
             )
-            cache.k[i][rows, :, :length] = k.to(cache.k.dtype)
-            cache.v[i][rows, :, :length] = v.to(cache.v.dtype)
+            cache.k[i][rows, :, :length] = to_cache(k, cache.k)
+            cache.v[i][rows, :, :length] = to_cache(v, cache.v)
             attn = self._prefill_attention(q, k, v, mask)
             attn = attn.transpose(1, 2).reshape(r * length, self.q_out)
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
@@ -346,8 +359,8 @@ class FastModel:
             h = self.add_norm(x, pending, w.ln1)
             q, k, v = self._qkv(i, w, h, lora, cos, sin, (cache.k[i], cache.v[i], sel, pos))
             if k is not None and v is not None:  # not written by the fused kernel
-                cache.k[i][sel, :, pos] = k.to(cache.k.dtype)
-                cache.v[i][sel, :, pos] = v.to(cache.v.dtype)
+                cache.k[i][sel, :, pos] = to_cache(k, cache.k)
+                cache.v[i][sel, :, pos] = to_cache(v, cache.v)
             q = q.reshape(rows, self.kv_heads, group, self.head_dim)
             if bias4 is None:
                 attn = self.ops.slot_attention(q, cache.k[i], cache.v[i], sel, lo, hi)  # type: ignore[misc]

@@ -126,6 +126,8 @@ class SlotGenerator:
             bytes of bf16, so twice the slots and half the attention reads, at fp8 precision).
     """
 
+    prefill_runs = True  # eager LoRA in prefill by member runs (False: per row, as the kernels)
+
     def __init__(
         self,
         model: FastModel,
@@ -144,7 +146,7 @@ class SlotGenerator:
         self.workspace: SlotWorkspace | None = None
         self.plan: SlotPlan | None = None
         self._asked: tuple[object, ...] = ()
-        self._rows = 0  # rows the current plan was made for
+        self._rows = self._cols = 0  # rows and LoRA columns the current plan was made for
         self._logged: set[str] = set()  # plans already logged at INFO
         self.last_timings: dict[str, float] = {}
         self.name = "the model"  # named in the planner's error
@@ -196,7 +198,9 @@ class SlotGenerator:
         if ws is not None and self.plan is not None and ws.key == key and self._asked == asked:
             every_row = ws.slots >= rows and ws.positions >= positions
             # fewer slots than its rows: memory or max_batch_rows capped it, as they would again
-            capped = ws.slots < self._rows and ws.positions == positions
+            # (for no wider LoRA activations than it was planned with)
+            cols = self.shape(lora).lora_cols
+            capped = ws.slots < self._rows and ws.positions == positions and cols <= self._cols
             if every_row or capped:
                 return self.plan
         self.workspace = None  # free the old cache before measuring
@@ -216,6 +220,7 @@ class SlotGenerator:
         except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
             raise RuntimeError(f"out of memory allocating {plan.describe()}: {e}") from e
         self.plan, self._asked, self._rows = plan, asked, rows
+        self._cols = self.shape(lora).lora_cols
         text = plan.describe()  # each plan once at INFO (eval and train alternate plans)
         log.log(
             logging.DEBUG if text in self._logged else logging.INFO, "continuous batching: %s", text
@@ -294,8 +299,10 @@ class SlotGenerator:
             prefills=float(prefills),
             prefill_s=sum(timer.between(a, b) for a, b in spans),
             slots=ws.slots,
-            rows_per_step=busy / max(1, steps),  # rows still generating, per decode step
-            padding=1 - busy / max(1, padded),  # share of computed batch rows that were idle
+            # per decode step: rows in the batch (counted at each sync: rows that finished
+            # since then count until they are retired), and the bucket's idle share beyond them
+            rows_per_step=busy / max(1, steps),
+            padding=1 - busy / max(1, padded),
         )
         return out[:-1].view(rows, widest)
 
@@ -329,7 +336,7 @@ class SlotGenerator:
         rows_t = torch.tensor(chosen, dtype=torch.long, device=dev)
         slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
         chunk = max(1, self._prefill_budget() // length)
-        runs = lora is not None and self.model.ops.mode != "triton"
+        runs = lora is not None and self.prefill_runs and self.model.ops.mode != "triton"
         for lo in range(0, len(chosen), chunk):
             r, s = rows_t[lo : lo + chunk], slots_t[lo : lo + chunk]
             mem = members[r]
