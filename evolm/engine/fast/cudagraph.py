@@ -26,17 +26,14 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.marks: list[tuple[str, object]] = [("start", self._now())]
-
-    def now(self) -> object:
-        """A time point (for :meth:`between`)."""
-        return self._now()
+        self.marks: list[tuple[str, object]] = [("start", self.now())]
 
     def between(self, a: object, b: object) -> float:
         """Seconds from time point ``a`` to ``b`` (on GPUs after :meth:`done`)."""
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a  # type: ignore[attr-defined,operator]
 
-    def _now(self) -> object:
+    def now(self) -> object:
+        """A time point (for :meth:`between`): a recorded CUDA event, or the host clock."""
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
@@ -44,7 +41,7 @@ class PhaseTimer:
         return event
 
     def mark(self, name: str) -> None:
-        self.marks.append((name, self._now()))
+        self.marks.append((name, self.now()))
 
     def done(self) -> dict[str, float]:
         if self.cuda:

@@ -21,7 +21,7 @@ CUDA graphs captured over them stay valid.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -145,6 +145,14 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rows: int) -> Tensor
     return x @ w.t() if bias is None else torch.addmm(bias[:rows], x, w.t())
 
 
+def _modules(lora: GroupLora) -> Iterator[tuple[int, slice]]:
+    """Each module's first rank column in ``u`` (-1: not adapted) and its output columns."""
+    col = 0
+    for off, width in zip(lora.offsets, lora.splits, strict=True):
+        yield off, slice(col, col + width)
+        col += width
+
+
 ROW_CHUNK = 1024  # rows of per-row-member deltas computed at once (bounds the gathered Bt)
 
 
@@ -177,15 +185,14 @@ def _row_delta(acts: RankActs, lora: GroupLora) -> Tensor:
     out = torch.empty(rows, lora.Bt.shape[-1], dtype=lora.Bt.dtype, device=u.device)
     for lo in range(0, rows, ROW_CHUNK):
         hi = min(rows, lo + ROW_CHUNK)
-        bt, col = lora.Bt[member[lo:hi]], 0
-        for off, width in zip(lora.offsets, lora.splits, strict=True):
-            part = out[lo:hi, col : col + width]
+        bt = lora.Bt[member[lo:hi]]
+        for off, cols in _modules(lora):
+            part = out[lo:hi, cols]
             if off < 0:
                 part.zero_()
             else:
                 ur = u[lo:hi, None, off : off + lora.rank].to(bt.dtype)
-                part.copy_(torch.bmm(ur, bt[:, :, col : col + width])[:, 0])
-            col += width
+                part.copy_(torch.bmm(ur, bt[:, :, cols])[:, 0])
     return out
 
 
@@ -194,12 +201,10 @@ def _run_delta(acts: RankActs, lora: GroupLora) -> Tensor:
     assert lora.runs is not None
     out = acts.u.new_zeros(acts.u.shape[0], lora.Bt.shape[-1], dtype=lora.Bt.dtype)
     for m, lo, hi in lora.runs:
-        col = 0
-        for off, width in zip(lora.offsets, lora.splits, strict=True):
+        for off, cols in _modules(lora):
             if off >= 0:
                 u = acts.u[lo:hi, off : off + lora.rank].to(lora.Bt.dtype)
-                torch.mm(u, lora.Bt[m, :, col : col + width], out=out[lo:hi, col : col + width])
-            col += width
+                torch.mm(u, lora.Bt[m, :, cols], out=out[lo:hi, cols])
     return out
 
 

@@ -42,9 +42,12 @@ log = logging.getLogger(__name__)
 
 MIN_PREFILL_BYTES = 256 * 2**20
 PREFILL_SHARE = 0.04  # prefill transients <= this share of the device memory, or the minimum
-
-
 BUCKETS = 16  # graphs per (adapters, greedy): eighths padded the fp8 cache's 4,074 slots 6.8%
+
+
+def lora_cols(lora: FastLora | None) -> int:
+    """Rank columns of every member that the base GEMMs also produce (the widest group's)."""
+    return 0 if lora is None else max((g.spare for g in lora.groups.values()), default=0)
 
 
 def member_runs(members: list[int], length: int) -> tuple[tuple[int, int, int], ...]:
@@ -168,9 +171,6 @@ class SlotGenerator:
 
     def shape(self, lora: FastLora | None, name: str = "model") -> Shape:
         m = self.model
-        cols = 0
-        if lora is not None:
-            cols = max((g.spare for g in lora.groups.values()), default=0)
         return Shape(
             layers=len(m.layers),
             kv_heads=m.kv_heads,
@@ -181,7 +181,7 @@ class SlotGenerator:
             vocab=m.lm_head.weight.shape[0],
             itemsize=m.embed.element_size(),
             weight_bytes=m.weight_bytes(),
-            lora_cols=cols,
+            lora_cols=lora_cols(lora),
             name=name,
             dtype=str(m.embed.dtype).removeprefix("torch."),
             kv_itemsize=(self.kv_dtype or m.embed.dtype).itemsize,
@@ -199,7 +199,7 @@ class SlotGenerator:
             every_row = ws.slots >= rows and ws.positions >= positions
             # fewer slots than its rows: memory or max_batch_rows capped it, as they would again
             # (for no wider LoRA activations than it was planned with)
-            cols = self.shape(lora).lora_cols
+            cols = lora_cols(lora)
             capped = ws.slots < self._rows and ws.positions == positions and cols <= self._cols
             if every_row or capped:
                 return self.plan
@@ -219,8 +219,7 @@ class SlotGenerator:
             self.workspace = SlotWorkspace(self.model, plan.slots, positions, self.kv_dtype)
         except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
             raise RuntimeError(f"out of memory allocating {plan.describe()}: {e}") from e
-        self.plan, self._asked, self._rows = plan, asked, rows
-        self._cols = self.shape(lora).lora_cols
+        self.plan, self._asked, self._rows, self._cols = plan, asked, rows, lora_cols(lora)
         text = plan.describe()  # each plan once at INFO (eval and train alternate plans)
         log.log(
             logging.DEBUG if text in self._logged else logging.INFO, "continuous batching: %s", text
@@ -349,12 +348,14 @@ class SlotGenerator:
             cos, sin = ws.cos[positions], ws.sin[positions]
             pmask = None if bool(m.all()) else prefill_mask(m, ws.dtype)
             view: FastLoraRows | None = None
-            if lora is not None and order is None:
-                view = lora.rows(mem.repeat_interleave(length))
-            elif lora is not None:
-                by_member = mem[order]
-                spans = member_runs(by_member.tolist(), length)
-                view = lora.runs(by_member.repeat_interleave(length), spans)
+            if lora is not None:
+                seen = mem if order is None else mem[order]  # the members in the model's order
+                per_token = seen.repeat_interleave(length)
+                view = (
+                    lora.rows(per_token)
+                    if order is None
+                    else lora.runs(per_token, member_runs(seen.tolist(), length))
+                )
             logits = self.model.prefill(ids[pr], cos, sin, pmask, ws.cache, ps, view)
             if order is not None:
                 logits = logits[torch.argsort(order)]
