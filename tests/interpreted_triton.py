@@ -47,6 +47,26 @@ def check_slots(engine: LocalEngine, layout: LoraLayout) -> bool:
     return bool(torch.equal(triton_tokens, eager_tokens))
 
 
+def check_quantizer() -> bool:
+    """The per-row fp8 quantizer (``quantization=fp8``) on rows of values fp8 holds exactly
+    after scaling (each row's amax 448 times a power of two; the interpreter's own fp32 -> fp8
+    rounding carries wrongly, the GPU's does not): the same bytes and scales as the torch ops,
+    an all-zero row included, rows longer than one block, strided rows."""
+    from evolm.engine.fast.fp8 import FP8, _quantize_torch
+    from evolm.engine.kernels.quant import quantize_rows
+
+    gen = torch.Generator().manual_seed(0)
+    q = (torch.randn(6, 5000, generator=gen) * 100).clamp(-447, 447).to(FP8).float()
+    q[:, 17] = 448.0
+    x = q * 2.0 ** torch.arange(-3, 3).float()[:, None]
+    x[4] = 0.0
+    x = torch.cat([x, torch.ones(6, 3)], 1)[:, :5000]  # a strided view
+    got, scale = quantize_rows(x)
+    ref, ref_scale = _quantize_torch(x, dim=1)
+    same = torch.equal(got.view(torch.uint8), ref.view(torch.uint8))
+    return same and torch.equal(scale, ref_scale) and not x.is_contiguous()
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1"
     check_triton_ops(torch.device("cpu"), torch.float32)
@@ -64,6 +84,7 @@ def main() -> None:
     fp8 = LocalEngine.from_model(model, layout, fast=True, kv_cache_dtype="fp8")
     fp8.fast.model.set_ops("triton")
     out["slots_fp8_equal"] = check_slots(fp8, layout)
+    out["quantizer_equal"] = check_quantizer()
     # SmolLM2's layout (Llama: no q/k/v bias, tied embeddings, 9 / 3 heads, hidden 288)
     llama = llama_model(smol=True)
     layout = LoraLayout.from_hf_config(llama.config, LoraSpec(rank=3))

@@ -35,3 +35,4 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     assert out["spare_rows"] > hidden_qkv  # A went into the weight buffer
     assert out["slots_equal"], "continuous batching's kernels disagree with the eager path"
     assert out["slots_fp8_equal"], "the fp8 cache's kernels disagree with the eager fp8 path"
+    assert out["quantizer_equal"], "the fp8 row quantizer disagrees with its torch ops"

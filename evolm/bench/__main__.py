@@ -27,7 +27,7 @@ from evolm.bench.suite import METHODS, run_workload
 from evolm.engine.local import DTYPES, resolve_device
 
 log = logging.getLogger("evolm.bench")
-REAL = "continuous,continuous_fp8,waves,sglang,evolm_sglang"
+REAL = "continuous,continuous_fp8,waves,sglang,evolm_sglang"  # continuous_w8[_fp8]: opt-in
 
 GPU_DEFAULTS = {"members": 30, "prompts": 32, "prompt_len": 64, "new_tokens": 128}
 CPU_DEFAULTS = {"members": 4, "prompts": 4, "prompt_len": 16, "new_tokens": 8}

@@ -15,6 +15,8 @@ Methods (``--methods``):
   ``gpu_memory_utilization`` 0.9, default settings);
 - ``continuous_fp8``: the same with ``kv_cache_dtype=fp8`` (an fp8 KV cache: twice the slots,
   half the attention reads; opt-in, lossy);
+- ``continuous_w8``: ``quantization=fp8`` (fp8 GEMMs for the projections, W8A8 with dynamic
+  per-token scales; opt-in, lossy); ``continuous_w8_fp8``: both fp8 options;
 - ``waves``: the older lock-step path in waves of ``--wave-rows`` (2,000) rows;
 - ``sglang``: a real SGLang server (``--sglang-python``, launched here on the same random
   model) with the same rows in ONE ``/generate`` (per-request ``max_new_tokens``,
@@ -54,6 +56,14 @@ from evolm.sampling import Sampling
 log = logging.getLogger(__name__)
 
 MEDIAN, SIGMA, LOW = 300, 0.7, 16
+
+LOCAL = {  # evolm's local methods: (batching, fp8 KV cache, fp8 projection GEMMs)
+    "continuous": ("continuous", False, False),
+    "continuous_fp8": ("continuous", True, False),
+    "continuous_w8": ("continuous", False, True),
+    "continuous_w8_fp8": ("continuous", True, True),
+    "waves": ("waves", False, False),
+}
 
 
 @dataclass(frozen=True)
@@ -342,14 +352,13 @@ def run(
         budgets = lengths(regime, sizes.rows, sizes.max_new)
         record["results"].setdefault(regime, {})["tokens"] = sum(budgets)
         record["results"][regime]["floor"] = floor_s(dims, budgets, 4, sizes.prompt_len, device)
-    for method in ("continuous", "continuous_fp8", "waves"):
+    for method, (batching, kv_fp8, w_fp8) in LOCAL.items():
         if method not in methods:
             continue
         engine.reset_fast_path()  # the other method's buffers go first
-        fp8 = method == "continuous_fp8"
-        assert engine.slots is not None
-        engine.slots.kv_dtype = torch.float8_e4m3fn if fp8 else None
-        batching = "waves" if method == "waves" else "continuous"
+        assert engine.slots is not None and engine.fast is not None
+        engine.slots.kv_dtype = torch.float8_e4m3fn if kv_fp8 else None
+        engine.fast.model.quantize(w_fp8)
         # continuous: the first regime again at the end, warm (its first run captured graphs)
         again = regimes[:1] if batching == "continuous" else []
         for i, regime in enumerate([*regimes, *again]):
@@ -368,6 +377,7 @@ def run(
             save()
         engine.reset_fast_path()
         engine.slots.kv_dtype = None
+        engine.fast.model.quantize(False)
     if "sglang" in methods or "evolm_sglang" in methods:
         folder = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
         model_dir = save_model(model, folder / "model")
@@ -416,7 +426,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
     for rec in records:
         for regime, res in rec["results"].items():
             fl = res.get("floor", {}).get("floor_s", math.nan)
-            for method in ("continuous", "continuous_fp8", "waves", "sglang"):
+            for method in (*LOCAL, "sglang"):
                 r = res.get(method)
                 if r is None:
                     continue

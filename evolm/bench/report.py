@@ -7,6 +7,8 @@ from typing import Any
 LABELS = {
     "evolm": "(a) evolm local engine, one batch, N adapters",
     "base": "(b) same engine and batch, base model only",
+    "evolm_fp8": "(a8) as (a), quantization=fp8 (fp8 projection GEMMs)",
+    "base_fp8": "(b8) as (b), quantization=fp8",
     "paper": "(c) paper's method: perturb weights per member, HF generate, restore",
     "paper_fast": "(c') paper's method generating with evolm's engine",
     "hf_lora": "(d) one HF generate per member with its LoRA",
@@ -51,6 +53,11 @@ def metrics_table(record: dict[str, Any]) -> list[str]:
             f"{_f(a.get('prefill_s'), 3)} / {_f(a.get('decode_ms_per_step'))}",
         ),
         ("LoRA overhead (a)/(b) - 1", f"{100 * ratios.get('lora_overhead', float('nan')):.1f}%"),
+        (
+            "with quantization=fp8: (a)/(a8), LoRA overhead (a8)/(b8) - 1",
+            f"{_f(ratios.get('fp8_speedup'))}, "
+            f"{100 * ratios.get('lora_overhead_fp8', float('nan')):.1f}%",
+        ),
         ("(c)/(a) paper's method / evolm", _f(ratios.get("paper_over_evolm"), 1)),
         ("(d)/(a) per-member HF LoRA / evolm", _f(ratios.get("hf_lora_over_evolm"), 1)),
         (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import platform
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -26,7 +27,16 @@ from evolm.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
-METHODS = ("evolm", "base", "paper", "paper_fast", "hf_lora", "external")
+METHODS = (
+    "evolm",
+    "base",
+    "evolm_fp8",
+    "base_fp8",
+    "paper",
+    "paper_fast",
+    "hf_lora",
+    "external",
+)
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -65,9 +75,23 @@ def run_workload(
     pop, book = M.sample_population(work, engine)
     results: dict[str, dict[str, Any]] = {}
     k = min(baseline_members, work.members)
+
+    def quantized(run: Callable[[], M.Timing]) -> M.Timing:
+        """``run`` with ``server.quantization=fp8`` (fp8 projection GEMMs), then back."""
+        assert engine.fast is not None
+        engine.reset_fast_path()  # graphs captured over the bf16 GEMMs
+        engine.fast.model.quantize()
+        try:
+            return run()
+        finally:
+            engine.fast.model.quantize(on=False)
+            engine.reset_fast_path()
+
     steps = {
         "evolm": lambda: M.time_engine(engine, ids, pop, work, reps),
         "base": lambda: M.time_engine(engine, ids, None, work, reps),
+        "evolm_fp8": lambda: quantized(lambda: M.time_engine(engine, ids, pop, work, reps)),
+        "base_fp8": lambda: quantized(lambda: M.time_engine(engine, ids, None, work, reps)),
         "paper_fast": lambda: M.time_paper(engine, ids, work, k, fast=True),
         "paper": lambda: M.time_paper(engine, ids, work, k, fast=False),
         "hf_lora": lambda: M.time_hf_lora(engine, ids, pop, work, k),
@@ -103,6 +127,11 @@ def ratios(results: dict[str, dict[str, Any]], book: dict[str, float]) -> dict[s
         return out
     if "base" in results:
         out["lora_overhead"] = a / results["base"]["seconds"] - 1
+    a8 = results.get("evolm_fp8", {}).get("seconds")
+    if a8 and "base_fp8" in results:
+        out["lora_overhead_fp8"] = a8 / results["base_fp8"]["seconds"] - 1
+    if a8:
+        out["fp8_speedup"] = a / a8
     for name in ("paper", "paper_fast", "hf_lora", "external"):
         if name in results:
             out[f"{name}_over_evolm"] = results[name]["seconds"] / a

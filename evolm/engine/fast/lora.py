@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from evolm.engine.fast.fp8 import Fp8Weight
 from evolm.engine.kernels import LoraOperand
 from evolm.lora.layout import LoraLayout, LoraPopulation
 
@@ -110,23 +111,29 @@ def operand(acts: RankActs | None, lora: GroupLora | None) -> LoraOperand | None
 
 
 def project(
-    x: Tensor, weight: Tensor, bias: Tensor | None, out: int, lora: GroupLora | None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    out: int,
+    lora: GroupLora | None,
+    fp8: Fp8Weight | None = None,
 ) -> tuple[Tensor, RankActs | None]:
     """``(bias + x W^T, u)`` for ``x [rows, in]``; ``weight [out + spare rows, in]`` is the
-    projection's whole buffer (its first ``out`` rows are W)."""
+    projection's whole buffer (its first ``out`` rows are W). ``fp8``: W's fp8 copy, which the
+    base product then uses (``u`` stays in ``x``'s dtype)."""
     if lora is not None and lora.runs is not None and lora.spare == 0:  # each run its member's
         u = x.new_empty(x.shape[0], lora.cols)
         for m, lo, hi in lora.runs:
             torch.mm(x[lo:hi], lora.A[m].t(), out=u[lo:hi])
-        return _linear(x, weight, bias, out), RankActs(u, 0)
+        return _linear(x, weight, bias, out, fp8)[0], RankActs(u, 0)
     if lora is not None and lora.member is not None:  # rows of any member: every member's u
         if lora.spare == 0:
-            base = _linear(x, weight, bias, out)
+            base = _linear(x, weight, bias, out, fp8)[0]
             return base, RankActs(x @ lora.A.reshape(-1, x.shape[-1]).t(), lora.cols)
-        y = _linear(x, weight, bias, out + lora.spare)
-        return y[:, :out], RankActs(y[:, out : out + lora.members * lora.cols], lora.cols)
+        base, u = _linear(x, weight, bias, out, fp8, lora.spare)
+        return base, RankActs(u[:, : lora.members * lora.cols], lora.cols)
     if lora is None or lora.spare == 0:
-        base = _linear(x, weight, bias, out)
+        base = _linear(x, weight, bias, out, fp8)[0]
         if lora is None:
             return base, None
         u = torch.bmm(x.reshape(lora.members, -1, x.shape[-1]), lora.A.mT)
@@ -134,15 +141,28 @@ def project(
     # the GEMM covers the spare rows up to this range's last member (rounded to 8 for aligned
     # rows): decode takes all members, a prefill chunk skips the members after it
     used = -(-(lora.lo + lora.members) * lora.cols // 8) * 8
-    y = _linear(x, weight, bias, out + min(lora.spare, used))
-    first = out + lora.lo * lora.cols
-    return y[:, :out], RankActs(y[:, first : first + lora.members * lora.cols], lora.cols)
+    base, u = _linear(x, weight, bias, out, fp8, min(lora.spare, used))
+    first = lora.lo * lora.cols
+    return base, RankActs(u[:, first : first + lora.members * lora.cols], lora.cols)
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rows: int) -> Tensor:
-    """``bias + x W^T`` over the first ``rows`` rows of ``weight`` (and ``bias``)."""
-    w = weight[:rows]
-    return x @ w.t() if bias is None else torch.addmm(bias[:rows], x, w.t())
+def _linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    out: int,
+    fp8: Fp8Weight | None = None,
+    spare: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """``(bias + x W^T [rows, out], x S^T [rows, spare])``: W is ``weight``'s first ``out`` rows,
+    S the ``spare`` rows after them (LoRA first factors; zero bias). In the model's dtype one
+    GEMM gives both; with ``fp8`` W's product is an fp8 GEMM and S's a separate one."""
+    if fp8 is not None:
+        base = fp8.linear(x, None if bias is None else bias[:out])
+        return base, x @ weight[out : out + spare].t()
+    w = weight[: out + spare]
+    y = x @ w.t() if bias is None else torch.addmm(bias[: out + spare], x, w.t())
+    return y[:, :out], y[:, out:]
 
 
 def _modules(lora: GroupLora) -> Iterator[tuple[int, slice]]:

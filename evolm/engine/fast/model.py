@@ -140,10 +140,26 @@ class FastModel:
             down=Proj([mlp.down_proj]),
         )
 
+    def projections(self) -> list[Proj]:
+        return [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)]
+
     def weight_bytes(self) -> int:
-        """Bytes of the embedding and the layers' projection weights (for memory budgets)."""
-        projs = [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)]
-        return self.embed.nbytes + sum(p.weight.nbytes for p in projs)
+        """Bytes of the embedding and the layers' projection weights, fp8 copies included (for
+        memory budgets)."""
+        projs = self.projections()
+        fp8 = sum(p.fp8.nbytes for p in projs if p.fp8 is not None)
+        return self.embed.nbytes + sum(p.weight.nbytes for p in projs) + fp8
+
+    def quantize(self, on: bool = True) -> None:
+        """fp8 copies of every projection's weights (``server.quantization=fp8``: see
+        :mod:`evolm.engine.fast.fp8`), made from the current weights; ``on=False`` drops them
+        (benchmarks). CUDA graphs captured before do not follow: reset them."""
+        for p in self.projections():
+            p.quantize(on)
+
+    @property
+    def quantized(self) -> bool:
+        return self.layers[0].qkv.fp8 is not None
 
     # -- shapes the grouped LoRA needs ---------------------------------------------------
     def lora_dims(self) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:

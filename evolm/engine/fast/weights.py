@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from evolm.engine.fast.fp8 import Fp8Weight
 from evolm.engine.fast.lora import GroupLora, RankActs, project
 from evolm.engine.hf.multilora import MultiLoraLinear
 
@@ -73,6 +74,12 @@ class Proj:
         self.modules = modules
         self.weight, self.bias = fuse(modules)  # may be an earlier buffer with spare rows
         self.out = sum(base_linear(m).out_features for m in modules)
+        self.fp8: Fp8Weight | None = None  # the base weights' fp8 copy (quantization=fp8)
+
+    def quantize(self, on: bool = True) -> None:
+        """Make (or remake, from the current weights) the fp8 copy the base product uses;
+        ``on=False``: drop it."""
+        self.fp8 = Fp8Weight.quantize(self.weight[: self.out]) if on else None
 
     def reserve(self, spare: int) -> bool:
         """At least ``spare`` spare rows; True when the buffer had to be reallocated."""
@@ -86,4 +93,4 @@ class Proj:
 
     def project(self, x: Tensor, lora: GroupLora | None) -> tuple[Tensor, RankActs | None]:
         """``(bias + x W^T, u)``: see :func:`evolm.engine.fast.lora.project`."""
-        return project(x, self.weight, self.bias, self.out, lora)
+        return project(x, self.weight, self.bias, self.out, lora, self.fp8)
