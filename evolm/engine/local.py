@@ -283,7 +283,12 @@ class LocalEngine(Engine):
         if fast is not False and reason is None:
             fast_model = FastModel(self.model)
             if self.quantization == "fp8":
+                before = fast_model.weight_bytes()
                 fast_model.quantize()
+                log.info(
+                    "quantization=fp8: fp8 GEMMs for the projections (%.2f GiB of fp8 copies)",
+                    (fast_model.weight_bytes() - before) / 2**30,
+                )
             self.fast = FastGenerator(fast_model)
             self.slots = SlotGenerator(
                 self.fast.model,
