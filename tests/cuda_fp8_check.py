@@ -118,7 +118,9 @@ def main() -> None:
     print(json.dumps(out), flush=True)
     out["logits"] = logits()
     print(json.dumps(out))
-    ok = out["quantizer"]["bytes_equal"] > 0.999 and out["logits"]["argmax_agree"] > 0.5
+    # random weights amplify rounding through 28 layers (near-tied argmaxes flip), so the
+    # criterion is what ES ranks: the members' differences, which the bf16 LoRA keeps
+    ok = out["quantizer"]["bytes_equal"] > 0.999 and out["logits"]["member_diff_corr"] > 0.8
     sys.exit(0 if ok else 1)
 
 

@@ -42,3 +42,18 @@ def test_roofline_matches_the_reference_floor() -> None:
     result = floor(dims, 960, 64, 128, 4, 790e12, 4.3e12)
     assert 3.0 < result["floor_s"] < 3.6
     assert result["compute_s"] > result["memory_s"]
+
+
+def test_bench_fp8_methods_time_the_quantized_engine(tmp_path) -> None:
+    """``--methods evolm_fp8,base_fp8``: the same engine with fp8 projection GEMMs, then back
+    (the bf16 run after it is unquantized)."""
+    out_json = tmp_path / "bench.json"
+    args = ["--shape", "tiny", "--members", "2", "--prompts", "2", "--prompt-len", "8"]
+    args += ["--new-tokens", "4", "--reps", "1", "--device", "cpu"]
+    args += ["--methods", "evolm_fp8,base_fp8,evolm", "--json", str(out_json)]
+    assert main(args) == 0
+    (record,) = json.loads(out_json.read_text())
+    assert set(record["results"]) == {"evolm", "evolm_fp8", "base_fp8"}
+    assert record["results"]["evolm_fp8"]["tokens"] == 2 * 2 * 4
+    assert {"fp8_speedup", "lora_overhead_fp8"} <= set(record["ratios"])
+    assert record["check"]["max_abs_diff"] < 1e-4  # the engine was left unquantized

@@ -23,7 +23,7 @@ import torch
 from evolm.bench.methods import Workload
 from evolm.bench.report import markdown
 from evolm.bench.shapes import SHAPES, build_model, save_model
-from evolm.bench.suite import METHODS, run_workload
+from evolm.bench.suite import DEFAULT_METHODS, METHODS, run_workload
 from evolm.engine.local import DTYPES, resolve_device
 
 log = logging.getLogger("evolm.bench")
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
         args.methods = args.methods or REAL
         return real.main(args, device)
-    args.methods = args.methods or ",".join(METHODS)
+    args.methods = args.methods or ",".join(DEFAULT_METHODS)
     works = workloads(args, device)
     if args.save_model:
         model = build_model(works[0].shape, device, DTYPES[works[0].dtype])

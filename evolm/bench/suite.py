@@ -37,6 +37,7 @@ METHODS = (
     "hf_lora",
     "external",
 )
+DEFAULT_METHODS = tuple(m for m in METHODS if not m.endswith("_fp8"))  # fp8: opt-in (Hopper)
 
 
 def machine(device: torch.device) -> dict[str, Any]:
