@@ -129,7 +129,8 @@ def test_bad_quantization_settings(tiny_model_dir: str) -> None:
     assert LocalEngine.loads == loads  # refused before any model loads
     with pytest.raises(ConfigError, match="fast path") as err:
         LocalEngine(tiny_model_dir, layout, device="cpu", quantization="fp8", fast=False)
-    assert err.value.key == "quantization"
+    assert err.value.key == "quantization" and "unset server.quantization" in str(err.value)
+    assert LocalEngine.loads == loads
 
 
 @pytest.mark.slow

@@ -106,18 +106,34 @@ def check_quantization(quantization: str | None) -> None:
         )
 
 
-def check_fp8_device(key: str, what: str, fix: str, device: torch.device) -> None:
-    """fp8 on a GPU needs compute capability >= 8.9 (Ada / Hopper): a ConfigError naming
-    ``key`` otherwise (CPUs run fp8 too, slowly, for tests)."""
-    if device.type != "cuda":
-        return
-    cap = torch.cuda.get_device_capability(device)
-    if cap < (8, 9):
-        raise ConfigError(
-            key,
-            f"{what} needs a GPU of compute capability >= 8.9, this one is {cap[0]}.{cap[1]}",
-            fix,
-        )
+FP8_OPTIONS = {  # key: (what it is, the fix)
+    "kv_cache_dtype": ("an fp8 KV cache", "set server.kv_cache_dtype=auto"),
+    "quantization": ("fp8 GEMMs (quantization=fp8)", "unset server.quantization"),
+}
+
+
+def check_fp8_options(
+    kv_dtype: torch.dtype | None,
+    quantization: str | None,
+    fast: bool | None,
+    reason: str | None,
+    device: torch.device,
+) -> None:
+    """The fp8 options need the fast path (``fast`` not False, the architecture supported:
+    ``reason`` None) and, on GPUs, compute capability >= 8.9 (Ada / Hopper; CPUs run fp8 too,
+    slowly, for tests): one ConfigError naming the option otherwise."""
+    no_fast = "fast=false" if fast is False else f"the fast path does not support {reason}"
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    for key, on in (("kv_cache_dtype", kv_dtype is not None), ("quantization", quantization)):
+        if not on:
+            continue
+        what, fix = FP8_OPTIONS[key]
+        if fast is False or reason is not None:
+            raise ConfigError(key, f"{what} needs the fast path ({no_fast})", fix)
+        if cap is not None and cap < (8, 9):
+            raise ConfigError(
+                key, f"{what} needs a GPU of compute capability >= 8.9, this one is {cap}", fix
+            )
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -196,6 +212,7 @@ class LocalEngine(Engine):
             torch.set_num_threads(threads)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        check_fp8_options(kv_dtype, quantization, fast, None, self.device)  # before loading
         start = time.perf_counter()
         model, tokenizer = load_causal_lm(model_path, device=str(self.device), dtype=self.dtype)
         LocalEngine.loads += 1
@@ -261,25 +278,7 @@ class LocalEngine(Engine):
         reason = None if fast is False else unsupported_reason(self.model)
         if fast and reason is not None:
             raise ConfigError("fast", f"the fast path does not support {reason}", "set fast=false")
-        no_fast = "fast=false" if fast is False else f"the fast path does not support {reason}"
-        if self.kv_dtype is not None:
-            if fast is False or reason is not None:
-                raise ConfigError(
-                    "kv_cache_dtype",
-                    f"an fp8 KV cache needs the fast path ({no_fast})",
-                    "set server.kv_cache_dtype=auto",
-                )
-            check_fp8_device(
-                "kv_cache_dtype", "an fp8 KV cache", "set server.kv_cache_dtype=auto", self.device
-            )
-        if self.quantization is not None:
-            if fast is False or reason is not None:
-                raise ConfigError(
-                    "quantization",
-                    f"quantization={self.quantization} needs the fast path ({no_fast})",
-                    "unset server.quantization",
-                )
-            check_fp8_device("quantization", "fp8 GEMMs", "unset server.quantization", self.device)
+        check_fp8_options(self.kv_dtype, self.quantization, fast, reason, self.device)
         if fast is not False and reason is None:
             fast_model = FastModel(self.model)
             if self.quantization == "fp8":
