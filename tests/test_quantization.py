@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoConfig
 
 from evolm.bench.shapes import build_model
-from evolm.engine.fast.fp8 import FP8_MAX, Fp8Weight, quantize_rows
+from evolm.engine.fast.fp8 import FP8_MAX, Fp8Weight, fp8_shape_problem, quantize_rows
 from evolm.engine.fast.lora import GroupLora, project
+from evolm.engine.fast.runner import Workspace
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
@@ -67,7 +69,9 @@ def test_lora_first_factors_in_spare_rows_stay_unquantized() -> None:
     )
     x = torch.randn(8, 32, generator=gen)
     fw = Fp8Weight.quantize(weight[:out])
-    for g in (lora, replace(lora, member=torch.tensor([1, 0, 0, 1, 1, 0, 1, 0]))):
+    second = replace(lora, A=lora.A[1:], Bt=lora.Bt[1:], lo=1)  # a prefill chunk's range
+    rows_member = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0])
+    for g in (lora, replace(lora, member=rows_member), second):
         base, u = project(x, weight, bias, out, g)
         base8, u8 = project(x, weight, bias, out, g, fw)
         assert u is not None and u8 is not None and u8.member_stride == u.member_stride
@@ -118,6 +122,26 @@ def test_fp8_engine_is_close_and_keeps_the_members_differences(
     d_got = got.view(members, prompts, *got.shape[1:])[1:] - got[:prompts]
     corr = torch.corrcoef(torch.stack([d_got.flatten(), d_ref.flatten()]))[0, 1].item()
     assert corr > 0.95, corr
+
+
+def test_quantizing_invalidates_workspaces_and_checks_gpu_sizes(
+    qwen_pair: tuple[LocalEngine, LocalEngine],
+) -> None:
+    """Turning fp8 on or off bumps the weights' version, so workspaces (CUDA graphs baked with
+    the other GEMMs) are rebuilt; sizes ``torch._scaled_mm`` cannot take are named."""
+    _, fp8 = qwen_pair
+    assert fp8.fast is not None
+    model = fp8.fast.model
+    version, key = model.weights_version, Workspace.model_key(model)
+    model.quantize(False)
+    assert not model.quantized and model.weights_version == version + 1
+    assert Workspace.model_key(model) != key
+    model.quantize()
+    assert model.quantized
+    assert fp8_shape_problem(model) is None  # the tiny model's sizes are multiples of 16
+    odd = SimpleNamespace(hidden=896, inter=4860, q_out=896, kv_out=128)
+    problem = fp8_shape_problem(odd)
+    assert problem is not None and "intermediate_size" in problem and "4860" in problem
 
 
 def test_bad_quantization_settings(tiny_model_dir: str) -> None:

@@ -27,7 +27,8 @@ from evolm.bench.suite import DEFAULT_METHODS, METHODS, run_workload
 from evolm.engine.local import DTYPES, resolve_device
 
 log = logging.getLogger("evolm.bench")
-REAL = "continuous,continuous_fp8,waves,sglang,evolm_sglang"  # continuous_w8[_fp8]: opt-in
+REAL = "continuous,continuous_fp8,waves,sglang,evolm_sglang"
+REAL_OPT_IN = "continuous_w8,continuous_w8_fp8"  # fp8 GEMMs: named explicitly
 
 GPU_DEFAULTS = {"members": 30, "prompts": 32, "prompt_len": 64, "new_tokens": 128}
 CPU_DEFAULTS = {"members": 4, "prompts": 4, "prompt_len": 16, "new_tokens": 8}
@@ -43,7 +44,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=4)
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default bfloat16 (GPU), float32 (CPU)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--methods", help=f"subset of {','.join(METHODS)} (--real: of {REAL})")
+    p.add_argument(
+        "--methods", help=f"subset of {','.join(METHODS)} (--real: of {REAL},{REAL_OPT_IN})"
+    )
     p.add_argument("--real", action="store_true", help="W-real: 30 x 200 rows, up to 1,024 new")
     p.add_argument("--regimes", default="variable,fixed", help="--real: fixed and/or variable")
     p.add_argument("--sglang-python", help="--real: python that runs sglang.launch_server")

@@ -53,11 +53,6 @@ def metrics_table(record: dict[str, Any]) -> list[str]:
             f"{_f(a.get('prefill_s'), 3)} / {_f(a.get('decode_ms_per_step'))}",
         ),
         ("LoRA overhead (a)/(b) - 1", f"{100 * ratios.get('lora_overhead', float('nan')):.1f}%"),
-        (
-            "with quantization=fp8: (a)/(a8), LoRA overhead (a8)/(b8) - 1",
-            f"{_f(ratios.get('fp8_speedup'))}, "
-            f"{100 * ratios.get('lora_overhead_fp8', float('nan')):.1f}%",
-        ),
         ("(c)/(a) paper's method / evolm", _f(ratios.get("paper_over_evolm"), 1)),
         ("(d)/(a) per-member HF LoRA / evolm", _f(ratios.get("hf_lora_over_evolm"), 1)),
         (
@@ -68,6 +63,14 @@ def metrics_table(record: dict[str, Any]) -> list[str]:
         ),
         ("adapter writes for servers, s", _f(book.get("adapter_write_s"), 3)),
     ]
+    if "fp8_speedup" in ratios:
+        rows.append(
+            (
+                "with quantization=fp8: (a)/(a8), LoRA overhead (a8)/(b8) - 1",
+                f"{_f(ratios['fp8_speedup'])}, "
+                f"{100 * ratios.get('lora_overhead_fp8', float('nan')):.1f}%",
+            )
+        )
     if "peak_bytes" in mem:
         rows.append(
             (

@@ -3,9 +3,10 @@
 Each fused projection's weight ``W [out, in]`` gets an fp8 copy with one scale per output
 channel (``amax / 448``), made once when the engine is built. Every call quantizes its input
 rows with one scale per row (per token, from that row's ``amax``) and multiplies with
-``torch._scaled_mm``: ``y = (x_q W_q^T) * s_x * s_w`` in fp32, rounded once to the model's dtype.
-On Hopper GPUs the fp8 tensor cores run about twice the bf16 rate, which is what the GEMM-bound
-shapes (7B decode, every prefill) are limited by.
+``torch._scaled_mm``: ``y = (x_q W_q^T) * s_x * s_w`` in fp32, rounded to the model's dtype (a
+bias, q/k/v's in Qwen2, is added after that).
+On Hopper GPUs the fp8 tensor cores' peak is twice bf16's (measured: 1.4-1.5x on the 7B
+shape's large GEMMs), which is what the GEMM-bound shapes (7B decode, prefill) are limited by.
 
 What stays in the model's dtype: the LoRA factors and products (the ES perturbations are far
 smaller than fp8's resolution, so ``u = x A^T`` is a separate bf16 GEMM over the spare rows:
@@ -17,29 +18,37 @@ that (which evolm's ES never makes: it moves LoRA adapters) are not seen by the 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 import torch
 from torch import Tensor
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # e4m3's largest finite value
-TINY = 1e-12  # an all-zero row or channel gets this amax (its scale never divides by zero)
+from evolm.engine.kernels import FP8, FP8_MAX, TINY
+
+log = logging.getLogger(__name__)
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """``(x_q [rows, n] fp8, scale [rows, 1] fp32)`` with ``x ~= x_q * scale`` row by row.
 
-    On CUDA one Triton pass (:func:`evolm.engine.kernels.quant.quantize_rows`); elsewhere torch
-    ops computing the same values."""
-    if x.is_cuda:
-        try:
-            from evolm.engine.kernels.quant import quantize_rows as kernel
-        except ImportError:  # no Triton: the torch ops below
-            pass
-        else:
-            return kernel(x)
-    return _quantize_torch(x, dim=1)
+    On CUDA one Triton pass (:func:`evolm.engine.kernels.quant.quantize_rows`); elsewhere (or
+    without Triton) torch ops computing the same values."""
+    kernel = _kernel() if x.is_cuda else None
+    return _quantize_torch(x, dim=1) if kernel is None else kernel(x)
+
+
+@cache
+def _kernel() -> Callable[[Tensor], tuple[Tensor, Tensor]] | None:
+    try:
+        from evolm.engine.kernels.quant import quantize_rows as kernel
+    except ImportError as e:
+        log.warning("fp8 row quantizer: no Triton (%s); torch ops, five passes", e)
+        return None
+    return kernel
 
 
 def _quantize_torch(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
@@ -48,6 +57,20 @@ def _quantize_torch(x: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     scale = amax / FP8_MAX
     q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
+
+
+def fp8_shape_problem(model: Any) -> str | None:
+    """Why a :class:`~evolm.engine.fast.model.FastModel`'s projections cannot run as fp8 GEMMs
+    on a GPU (``torch._scaled_mm`` needs every inner and output size a multiple of 16)."""
+    sizes = {
+        "hidden_size": model.hidden,
+        "intermediate_size": model.inter,
+        "q/k/v output": model.q_out + 2 * model.kv_out,
+    }
+    odd = {name: n for name, n in sizes.items() if n % 16}
+    if not odd:
+        return None
+    return f"fp8 GEMMs need sizes that are multiples of 16; this model has {odd}"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ a group of ``k`` adapted modules and M members (rows grouped by member, member-m
   ``A`` lives in the spare rows of the projection's own weight buffer
   (:meth:`evolm.engine.fast.weights.Proj.reserve`): one GEMM gives the base output AND ``u`` of all
   members (the rows use only their member's columns; the rest is a few % of extra FLOPs, cheaper
-  than a launch-bound batched matmul per step). On CPUs ``u`` is one ``bmm``.
+  than a launch-bound batched matmul per step; with fp8 base GEMMs the spare rows get their own
+  GEMM in the model's dtype). On CPUs ``u`` is one ``bmm``.
 - second factors ``Bt [M, r, out]``, compact: module j's ``B_j^T`` (pre-multiplied by
   ``alpha / r``) in its own output columns; its rank-space input is ``u``'s columns
   ``offsets[j] : offsets[j] + r``. The delta ``u_j Bt_j`` is added by the consumer: the RoPE,
@@ -159,7 +160,7 @@ def _linear(
     GEMM gives both; with ``fp8`` W's product is an fp8 GEMM and S's a separate one."""
     if fp8 is not None:
         base = fp8.linear(x, None if bias is None else bias[:out])
-        return base, x @ weight[out : out + spare].t()
+        return base, x @ weight[out : out + spare].t() if spare else x.new_empty(x.shape[0], 0)
     w = weight[: out + spare]
     y = x @ w.t() if bias is None else torch.addmm(bias[: out + spare], x, w.t())
     return y[:, :out], y[:, out:]

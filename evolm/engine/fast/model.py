@@ -5,11 +5,13 @@ per layer, a host sync, and a growing cache. This forward computes the same func
 
 - fused projections (:class:`Proj`): q/k/v are one matmul and gate/up one. The fused weight
   buffers are built once and the HF modules' parameters are turned into *views* of them, so the
-  weights are held once and an in-place edit through either path is seen by both;
+  weights are held once and an in-place edit through either path is seen by both (not by the
+  fp8 copies of ``quantization=fp8``, :mod:`evolm.engine.fast.fp8`, made once);
 - grouped LoRA (:mod:`evolm.engine.fast.lora`): on GPUs every member's first factors sit in spare
   rows of the projection's weight buffer, so one GEMM gives the base output and the rank-space
-  activations of all members; the second products are applied inside the next kernel: RoPE for
-  q/k/v, SiLU-and-multiply for gate/up, and the residual-add + RMSNorm that follows o and down
+  activations of all members (with fp8 GEMMs, two: the fp8 base, the spare rows' own); the
+  second products are applied inside the next kernel: RoPE for q/k/v, SiLU-and-multiply for
+  gate/up, and the residual-add + RMSNorm that follows o and down
   (:mod:`evolm.engine.kernels.fused`). A LoRA layer then launches the same kernels as a base one;
 - the residual stream is updated by the norm: ``h = rmsnorm(x += y + delta)``, where ``y`` is
   the o or down output (the "pending" add of the previous block);
@@ -44,6 +46,7 @@ from evolm.engine.fast.lora import (
 )
 from evolm.engine.fast.ops import Ops, default_mode
 from evolm.engine.fast.weights import Proj, unsupported_reason
+from evolm.engine.kernels import FP8_MAX
 
 LoraLike = FastLora | FastLoraView | FastLoraRows | None
 Pending = tuple[Tensor, RankActs | None, GroupLora | None]
@@ -76,9 +79,6 @@ class KVCache:
 
     k: Tensor
     v: Tensor
-
-
-FP8_MAX = 448.0  # e4m3's largest finite value
 
 
 def to_cache(t: Tensor, cache: Tensor) -> Tensor:
@@ -153,9 +153,11 @@ class FastModel:
     def quantize(self, on: bool = True) -> None:
         """fp8 copies of every projection's weights (``server.quantization=fp8``: see
         :mod:`evolm.engine.fast.fp8`), made from the current weights; ``on=False`` drops them
-        (benchmarks). CUDA graphs captured before do not follow: reset them."""
+        (benchmarks). Bumps :attr:`weights_version`: workspaces and graphs captured before are
+        rebuilt."""
         for p in self.projections():
             p.quantize(on)
+        self.weights_version += 1
 
     @property
     def quantized(self) -> bool:

@@ -76,10 +76,12 @@ class Workspace:
         return self._scratch
 
     @staticmethod
-    def model_key(model: FastModel) -> tuple[int, int]:
-        """Graphs bake in addresses: a replaced lm_head weight or bias needs new ones."""
+    def model_key(model: FastModel) -> tuple[int, int, int]:
+        """Graphs bake in addresses: a replaced lm_head weight or bias, or reallocated (or
+        quantized) projection weights, need new ones."""
         bias = model.lm_head.bias
-        return model.lm_head.weight.data_ptr(), 0 if bias is None else bias.data_ptr()
+        ptr = 0 if bias is None else bias.data_ptr()
+        return model.lm_head.weight.data_ptr(), ptr, model.weights_version
 
     def nbytes(self) -> int:
         return self.cache.k.nbytes + self.cache.v.nbytes

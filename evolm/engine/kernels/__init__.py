@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
+
+FP8 = torch.float8_e4m3fn  # fp8 e4m3: the fp8 KV cache's and the fp8 GEMMs' format
+FP8_MAX = 448.0  # e4m3's largest finite value
+TINY = 1e-12  # an all-zero row or channel gets this amax (its scale never divides by zero)
 
 
 class LoraOperand(NamedTuple):
