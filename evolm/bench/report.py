@@ -68,7 +68,11 @@ def metrics_table(record: dict[str, Any]) -> list[str]:
             (
                 "with quantization=fp8: (a)/(a8), LoRA overhead (a8)/(b8) - 1",
                 f"{_f(ratios['fp8_speedup'])}, "
-                f"{100 * ratios.get('lora_overhead_fp8', float('nan')):.1f}%",
+                + (
+                    f"{100 * ratios['lora_overhead_fp8']:.1f}%"
+                    if "lora_overhead_fp8" in ratios
+                    else "-"
+                ),
             )
         )
     if "peak_bytes" in mem:
