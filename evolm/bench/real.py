@@ -49,7 +49,7 @@ import torch
 from evolm.bench.methods import Workload, sample_population
 from evolm.bench.roofline import Dims, device_peaks
 from evolm.bench.shapes import build_model, save_model
-from evolm.engine.local import DTYPES, LocalEngine
+from evolm.engine.local import DTYPES, KV_CACHE_DTYPES, LocalEngine
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 
@@ -357,7 +357,7 @@ def run(
             continue
         engine.reset_fast_path()  # the other method's buffers go first
         assert engine.slots is not None and engine.fast is not None
-        engine.slots.kv_dtype = torch.float8_e4m3fn if kv_fp8 else None
+        engine.slots.kv_dtype = KV_CACHE_DTYPES["fp8"] if kv_fp8 else None
         engine.fast.model.quantize(w_fp8)
         # continuous: the first regime again at the end, warm (its first run captured graphs)
         again = regimes[:1] if batching == "continuous" else []

@@ -91,13 +91,13 @@ def run_workload(
     steps = {
         "evolm": lambda: M.time_engine(engine, ids, pop, work, reps),
         "base": lambda: M.time_engine(engine, ids, None, work, reps),
-        "evolm_fp8": lambda: quantized(lambda: M.time_engine(engine, ids, pop, work, reps)),
-        "base_fp8": lambda: quantized(lambda: M.time_engine(engine, ids, None, work, reps)),
         "paper_fast": lambda: M.time_paper(engine, ids, work, k, fast=True),
         "paper": lambda: M.time_paper(engine, ids, work, k, fast=False),
         "hf_lora": lambda: M.time_hf_lora(engine, ids, pop, work, k),
         "external": lambda: M.time_external(runner, ids, pop, work, reps),  # type: ignore[arg-type]
     }
+    steps["evolm_fp8"] = lambda: quantized(steps["evolm"])  # (a) and (b), fp8 GEMMs on
+    steps["base_fp8"] = lambda: quantized(steps["base"])
     for name in METHODS:
         if name in methods and (name != "external" or runner is not None):
             log.info("%s: timing %s", work.shape, name)

@@ -36,6 +36,7 @@ from evolm.engine.fast.slots import SlotGenerator
 from evolm.engine.fast.weights import unsupported_reason
 from evolm.engine.hf.generation import generate_tokens, strip_after_eos
 from evolm.engine.hf.multilora import attach, load_population
+from evolm.engine.kernels import FP8
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.model import load_causal_lm
@@ -74,7 +75,7 @@ def check_batching(utilization: float, batching: str) -> None:
         )
 
 
-KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}
+KV_CACHE_DTYPES = {"auto": None, "fp8": FP8}
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, batching: str) -> torch.dtype | None:
