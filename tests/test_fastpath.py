@@ -316,8 +316,11 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         f32 = GroupLora(g.A, g.Bt.float(), g.offsets, g.splits, member=g.member)
         return lora_delta(RankActs(u.u.float(), u.member_stride), f32)
 
-    # continuous batching: each row names its member (any order), its Bt rows gathered per row
+    # continuous batching: each row names its member, in any order (Bt rows gathered per row)
+    # or sorted by member (tiles of one member read its Bt once; tiles across a boundary gather)
     shuffled = torch.randint(0, members, (members * rpm,), generator=gen, device=dev)
+    ordered = torch.sort(shuffled).values
+    assert (ordered[:-1] != ordered[1:]).any()  # both kinds of tiles
 
     gu = rand(members * rpm, 2 * 4864 + 8)[:, : 2 * 4864]  # strided rows
     for rank in (r, 20):  # 20: more rank columns than one 16-wide tl.dot tile
@@ -331,9 +334,10 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
                 assert close(triton_ops.silu_mul(gu, operand(u, g)), want), (rank, dot)
             finally:
                 triton_ops.TUNE["silu"] = tuned
-        gm = replace(g, member=shuffled)
-        want_m = fastops.silu_mul(gu.float() + want_delta(u, gm))
-        assert close(triton_ops.silu_mul(gu, operand(u, gm)), want_m), rank
+        for member in (shuffled, ordered):
+            gm = replace(g, member=member)
+            want_m = fastops.silu_mul(gu.float() + want_delta(u, gm))
+            assert close(triton_ops.silu_mul(gu, operand(u, gm)), want_m), rank
     x = rand(members * rpm, 44 * 64)[:, : 36 * 64]  # 28 q, 4 k, 4 v heads
     cos, sin = rand(members * rpm, 1, 64).clamp(-1, 1), rand(members * rpm, 1, 64).clamp(-1, 1)
     g = group((28 * 64, 4 * 64, 4 * 64), (0, -1, 4))  # k not adapted: its Bt columns are 0
@@ -355,11 +359,12 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         assert close(got, want), dot
     assert torch.equal(kc[:, :, 5], got[:, 28:32]) and torch.equal(vc[:, :, 5], got[:, 32:])
     assert kc[:, :, :5].abs().sum() == 0 and vc[:, :, 6:].abs().sum() == 0
-    gm = replace(g, member=shuffled)
-    full_m = (x.float() + want_delta(u, gm)).view(-1, 36, 64)
-    rot = fastops.rope(full_m[:, :32], cos.float(), sin.float())
-    got_m = triton_ops.qkv_rope(x.view(-1, 36, 64), cos, sin, 32, operand(u, gm))
-    assert close(got_m, torch.cat([rot, full_m[:, 32:]], 1))
+    for member in (shuffled, ordered):
+        gm = replace(g, member=member)
+        full_m = (x.float() + want_delta(u, gm)).view(-1, 36, 64)
+        rot = fastops.rope(full_m[:, :32], cos.float(), sin.float())
+        got_m = triton_ops.qkv_rope(x.view(-1, 36, 64), cos, sin, 32, operand(u, gm))
+        assert close(got_m, torch.cat([rot, full_m[:, 32:]], 1))
     hidden, w = 896, rand(896)
     g = group((hidden,), (0,))
     u, y = acts(g), rand(members * rpm, hidden + 24)[:, :hidden]

@@ -120,8 +120,8 @@ def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
 
 
 def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> None:
-    """Eager prefill sorts a chunk's rows by member (one LoRA GEMM per member's run) and puts
-    the logits back: sampled tokens, row by row, equal those of the per-row path."""
+    """Prefills take their rows sorted by member; eager LoRA by member runs (one GEMM per
+    member's run of tokens) samples the same tokens, row by row, as the per-row path."""
     assert engine.slots is not None
     pop = population(engine, 3)
     ids, mask = rows(engine, 3)

@@ -17,6 +17,7 @@ import json
 import logging
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,30 @@ def cases(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
     y, u_d = gemm_out(hidden, g_d)
     x, w = rand(rows, hidden), rand(hidden)
     rot = heads + kv
+    # continuous batching: each row names its member, sorted by member (as the slot scheduler
+    # orders its batches) or shuffled
+    ordered = torch.arange(members, device=dev).repeat_interleave(prompts)
+    shuffled = ordered[torch.randperm(rows, generator=gen, device=dev)]
+
+    def rows_of(u: RankActs, g: GroupLora, member: torch.Tensor) -> Any:
+        return operand(u, replace(g, member=member))
+
+    per_row = {
+        f"{name}_{order}": fn
+        for order, member in (("sorted", ordered), ("shuffled", shuffled))
+        for name, fn in (
+            ("silu", lambda m=member: T.silu_mul(gu, rows_of(u_gu, g_gu, m))),
+            (
+                "rope",
+                lambda m=member: T.qkv_rope(
+                    qkv, cos, sin, rot, rows_of(u_qkv, g_qkv, m), (*cache, slot)
+                ),
+            ),
+            ("norm", lambda m=member: T.add_rms_norm(x, w, 1e-6, y, rows_of(u_d, g_d, m))),
+        )
+    }
     return {
+        "per_row": per_row,
         "silu": (
             lambda: T.silu_mul(gu),
             lambda: T.silu_mul(gu, operand(u_gu, g_gu)),
@@ -111,17 +135,21 @@ def cases(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
     }
 
 
-def run(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
+def run(shape: str, members: int, prompts: int, rank: int, grid: bool = True) -> dict[str, Any]:
     from evolm.engine.kernels import fused as T
 
     out: dict[str, Any] = {"shape": shape, "members": members, "prompts": prompts, "rank": rank}
-    for name, (base, lora) in cases(shape, members, prompts, rank).items():
+    kernels = cases(shape, members, prompts, rank)
+    out["per_row"] = {name: graph_time(fn) for name, fn in kernels.pop("per_row").items()}
+    for name, us in out["per_row"].items():
+        log.info("%s %s (rows name their members): %7.2f us", shape, name, us)
+    for name, (base, lora) in kernels.items():
         default = dict(T.TUNE[name])
         rows = [{"setting": "base", "us": graph_time(base)}]
         rows.append({"setting": f"lora {default} (default)", "us": graph_time(lora)})
         # (settings are caps: "rows" is lowered to a divisor of the rows per member)
         keys = list(GRID[name])
-        for values in itertools.product(*(GRID[name][k] for k in keys)):
+        for values in itertools.product(*(GRID[name][k] for k in keys)) if grid else ():
             T.TUNE[name] = {**default, **dict(zip(keys, values, strict=True))}
             rows.append({"setting": f"lora {T.TUNE[name]}", "us": graph_time(lora)})
         T.TUNE[name] = default
@@ -138,10 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--members", type=int, default=30)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--rank", type=int, default=4)
+    p.add_argument("--no-grid", action="store_true", help="default settings only")
     p.add_argument("--json")
     args = p.parse_args(argv)
     records = [
-        run(s, args.members, args.prompts, args.rank) for s in args.shape or ["qwen2.5-0.5b"]
+        run(s, args.members, args.prompts, args.rank, not args.no_grid)
+        for s in args.shape or ["qwen2.5-0.5b"]
     ]
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=2))

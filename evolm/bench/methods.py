@@ -151,8 +151,11 @@ def time_engine(
     extra: dict[str, Any] = {"first_call_s": warm_s}
     if phases and phases[0]:
         extra.update({k: statistics.median(p[k] for p in phases) for k in phases[0]})
-        if "decode_s" in extra:  # the wave path's phases (continuous batching: generate_s)
+        if "decode_s" in extra:  # the wave path's phases
             extra["decode_ms_per_step"] = 1e3 * extra["decode_s"] / max(1.0, extra["steps"] - 1)
+        elif "generate_s" in extra:  # continuous batching: the time between prefills
+            decode = extra["generate_s"] - extra["prefill_s"]
+            extra["decode_ms_per_step"] = 1e3 * decode / max(1.0, extra["steps"])
     if engine.device.type == "cuda":
         extra["peak_memory_bytes"] = torch.cuda.max_memory_allocated(engine.device)
     return Timing(statistics.median(times), int(out.numel()), times, extra)

@@ -7,9 +7,9 @@ bandwidth, and one whole decode step (eager, no graph) against its attention sha
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
-import sys
 
 import torch
 
@@ -32,23 +32,36 @@ def timed(fn: object, reps: int = 5) -> float:
     return start.elapsed_time(end) / reps / 1e3
 
 
-def main(shape: str = "qwen2.5-1.5b", rows: int = 3000, positions: int = 1152) -> dict:
+def fill(cache: torch.Tensor) -> None:
+    """Random finite values: normal ones, or fp8 bit patterns below 128 in magnitude."""
+    if cache.element_size() == 1:
+        cache.view(torch.uint8).random_(0, 112)
+    else:
+        cache.normal_()
+
+
+def main(
+    shape: str = "qwen2.5-1.5b", rows: int = 3000, positions: int = 1152, kv: str = "bf16"
+) -> dict:
+    from evolm.engine.kernels import FP8
+
     dev = torch.device("cuda")
     model = build_model(shape, dev, torch.bfloat16, seed=0)
     fast = FastModel(model)
     kvh, hd, g = fast.kv_heads, fast.head_dim, fast.heads // fast.kv_heads
-    cache = fast.new_cache(rows + 1, positions)
+    cache = fast.new_cache(rows + 1, positions, FP8 if kv == "fp8" else None)
     k, v = cache.k[0], cache.v[0]
-    k.normal_()
-    v.normal_()
+    fill(k)
+    fill(v)
     gen = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(rows, kvh, g, hd, device=dev, dtype=torch.bfloat16)
     sel = torch.randperm(rows, device=dev, generator=gen)
     hi = torch.randint(129, positions + 1, (rows,), device=dev, generator=gen)
     lo = torch.randint(0, 8, (rows,), device=dev, generator=gen)
-    read = float(((hi - lo).sum() * kvh * hd * 2 * 2).item())
-    out: dict = {"shape": shape, "rows": rows, "attention": []}
-    for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3)):
+    read = float(((hi - lo).sum() * kvh * hd * 2 * k.element_size()).item())
+    out: dict = {"shape": shape, "rows": rows, "kv": kv, "attention": []}
+    grid = itertools.product((32, 64, 128, 256), (2, 4, 8), (1, 2, 3, 4))
+    for block_n, warps, stages in grid:
         tune = {"block_n": block_n, "warps": warps, "stages": stages}
         try:
             s = timed(lambda t=tune: slot_attention(q, k, v, sel, lo, hi, t))
@@ -78,5 +91,78 @@ def main(shape: str = "qwen2.5-1.5b", rows: int = 3000, positions: int = 1152) -
     return out
 
 
+@torch.inference_mode()
+def step_profile(
+    shape: str = "qwen2.5-1.5b",
+    rows: int = 6000,
+    positions: int = 1152,
+    kv: str = "fp8",
+    quantize: bool = True,
+) -> dict:
+    """W-real's fixed regime at its steady state: every one of ``rows`` slots busy, lengths
+    spread over 129..``positions``, LoRA of 30 members by row. One decode step + greedy head,
+    timed as a CUDA graph, and its kernels (eager, profiler) grouped by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from evolm.engine.fast.cudagraph import capture
+    from evolm.engine.kernels import FP8
+
+    dev = torch.device("cuda")
+    model = build_model(shape, dev, torch.bfloat16, seed=0)
+    fast = FastModel(model)
+    fast.quantize(quantize)
+    cache = fast.new_cache(rows + 1, positions, FP8 if kv == "fp8" else None)
+    fill(cache.k)
+    fill(cache.v)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    sel = torch.randperm(rows, device=dev, generator=gen)
+    hi = torch.randint(129, positions + 1, (rows,), device=dev, generator=gen)
+    lo = torch.zeros(rows, dtype=torch.long, device=dev)
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=4))
+    ins, outs = fast.lora_dims()
+    lora = FastLora(layout, 30, ins, outs, dev, torch.bfloat16, 8, fast.spare_rows)
+    member = torch.arange(30, device=dev).repeat_interleave(-(-rows // 30))[:rows]
+    view = lora.rows(member)
+    tokens = torch.randint(0, 1000, (rows,), device=dev, generator=gen)
+    cos, sin = fast.rope_tables(positions)
+    pos = hi - 1
+    c, s_ = cos[pos - lo], sin[pos - lo]
+    nxt = torch.zeros(rows, dtype=torch.long, device=dev)
+    scratch = torch.empty(1024, fast.lm_head.weight.shape[0], dtype=torch.bfloat16, device=dev)
+    out: dict = {"shape": shape, "rows": rows, "kv": kv, "quantize": quantize}
+    for key, adapters in (("lora", view), ("base", None)):
+
+        def step(a: object = adapters) -> None:
+            x = fast.decode_slots(tokens, c, s_, sel, pos, lo, cache, a)  # type: ignore[arg-type]
+            fast.greedy(x, nxt, scratch)
+
+        graph = capture(step, None)
+        out[f"{key}_graph_ms"] = timed(graph.replay, 10) * 1e3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        table = []
+        for evt in prof.key_averages():
+            t = getattr(evt, "self_device_time_total", 0)
+            if t > 0:
+                table.append({"name": evt.key[:90], "calls": evt.count, "us": t})
+        out[f"{key}_kernels"] = sorted(table, key=lambda r: -r["us"])[:20]
+        del graph
+    kv_bytes = float((hi - lo).sum()) * fast.kv_heads * fast.head_dim * 2 * cache.k[0].itemsize
+    out["kv_bytes_per_layer"] = kv_bytes
+    print(json.dumps(out))
+    return out
+
+
 if __name__ == "__main__":
-    main(*(sys.argv[1:2] or ["qwen2.5-1.5b"]))
+    p = argparse.ArgumentParser(prog="python -m evolm.bench.slot_tune")
+    p.add_argument("what", nargs="?", default="attention", choices=["attention", "step"])
+    p.add_argument("--shape", default="qwen2.5-1.5b")
+    p.add_argument("--rows", type=int)
+    p.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
+    p.add_argument("--bf16-gemms", action="store_true", help="step: no fp8 GEMMs")
+    a = p.parse_args()
+    if a.what == "step":
+        step_profile(a.shape, a.rows or 6000, kv=a.kv, quantize=not a.bf16_gemms)
+    else:
+        main(a.shape, a.rows or 3000, kv=a.kv)

@@ -78,6 +78,64 @@ def profile_phases(
     return {"prefill": kernels(pre, 1, 16), "decode_per_step": kernels(dec, steps, 16)}
 
 
+def profile_slots(
+    engine: LocalEngine, ids: torch.Tensor, pop: LoraPopulation | None, work: M.Workload
+) -> dict[str, Any]:
+    """Continuous batching (what users run), graphs off: the GPU kernels and GEMM shapes of a
+    prefill-only generation (one new token) and of a whole one; ``pop`` None: the base model.
+    Also the host time of loading ``pop`` into the engine's buffers."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    def sync() -> None:
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    slots = engine.slots
+    assert slots is not None
+    rows = ids.repeat(work.members, 1)
+    mask = torch.ones_like(rows)
+    out: dict[str, Any] = {}
+    acts = [ProfilerActivity.CUDA if engine.device.type == "cuda" else ProfilerActivity.CPU]
+    graphs, slots.graphs = slots.graphs, False
+    try:
+        for name, new in (("prefill", 1), ("whole", work.new_tokens)):
+            sampling = M.Sampling(max_new_tokens=new)
+            engine.generate_ids(rows, mask, pop, sampling, eos_ids=[])  # warm
+            sync()
+            with profile(activities=acts, record_shapes=True) as prof:
+                engine.generate_ids(rows, mask, pop, sampling, eos_ids=[])
+                sync()
+            out[name] = kernels(prof, 1, 24)
+            gemms = []
+            for evt in prof.key_averages(group_by_input_shape=True):
+                if evt.key in ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::matmul"):
+                    t = getattr(evt, "device_time_total", 0) or getattr(evt, "cuda_time_total", 0)
+                    gemms.append(
+                        {
+                            "op": evt.key,
+                            "shapes": str(evt.input_shapes)[:160],
+                            "calls": evt.count,
+                            "us": t,
+                        }
+                    )
+            out[name + "_gemms"] = sorted(gemms, key=lambda g: -g["us"])[:24]
+    finally:
+        slots.graphs = graphs
+    if pop is not None:
+        times = []
+        for _ in range(5):
+            sync()
+            t0 = time.perf_counter()
+            engine.load_fast_lora(pop)
+            t1 = time.perf_counter()
+            sync()
+            times.append((t1 - t0, time.perf_counter() - t0))
+        out["load_host_s, load_s"] = times
+    return out
+
+
 def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool) -> dict:
     device = torch.device("cuda")
     model = build_model(work.shape, device, DTYPES[work.dtype], seed=work.seed)
@@ -108,6 +166,8 @@ def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool)
         rows = ids.repeat(work.members, 1)
         out["profile"] = profile_phases(engine, rows, pop)
         out["profile_base"] = profile_phases(engine, rows, None)
+        out["slots"] = profile_slots(engine, ids, pop, work)
+        out["slots_base"] = profile_slots(engine, ids, None, work)
         for key in ("profile", "profile_base"):
             for phase, table in out[key].items():
                 lines = (f"  {r['us']:9.1f} us  {r['calls']:6.1f}x  {r['name']}" for r in table)

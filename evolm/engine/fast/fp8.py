@@ -93,5 +93,7 @@ class Fp8Weight:
     def linear(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         """``bias + x W^T`` for ``x [rows, in]``, in ``x``'s dtype."""
         xq, sx = quantize_rows(x)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.scale, out_dtype=x.dtype)
-        return y if bias is None else y.add_(bias)
+        # the bias in the GEMM's epilogue: no second pass over the output, one rounding
+        return torch._scaled_mm(
+            xq, self.weight.t(), scale_a=sx, scale_b=self.scale, bias=bias, out_dtype=x.dtype
+        )

@@ -305,16 +305,27 @@ class FastLora:
             off = sum(out_splits[group][:pos])
             cols = slice(off, off + out_splits[group][pos])
             self._plan.append((self.groups[(t.layer, group)], slice(j * r, (j + 1) * r), cols))
+        self._dst_a: list[Tensor] | None = None
+        self._dst_b: list[Tensor] = []
 
     def load(self, population: LoraPopulation) -> None:
-        """Copy ``population`` (M members, any device / dtype) into the buffers, in place."""
+        """Copy ``population`` (M members, any device / dtype) into the buffers, in place.
+
+        Three foreach calls, not two copies per target: a generation's load is a few hundred
+        small copies, and issuing them one by one from Python cost 5-6 ms on an H200 (1% of
+        the 0.5B shape's generation)."""
         if len(population) != self.members:
             raise ValueError(f"{len(population)} members for buffers of {self.members}")
-        for (buf, ranks, cols), (_, a, b) in zip(self._plan, population.factors(), strict=True):
-            buf.A[:, ranks].copy_(a, non_blocking=True)
-            buf.Bt[:, :, cols].copy_(b.mT, non_blocking=True)
-        for buf in self.groups.values():
-            buf.Bt.mul_(population.scaling)
+        if self._dst_a is None:  # the buffers' views, made once
+            self._dst_a = [buf.A[:, ranks] for buf, ranks, _ in self._plan]
+            self._dst_b = [buf.Bt[:, :, cols] for buf, _, cols in self._plan]
+        src_a, src_b = [], []
+        for _, a, b in population.factors():
+            src_a.append(a)
+            src_b.append(b.mT)
+        torch._foreach_copy_(self._dst_a, src_a, non_blocking=True)
+        torch._foreach_copy_(self._dst_b, src_b, non_blocking=True)
+        torch._foreach_mul_([buf.Bt for buf in self.groups.values()], population.scaling)
 
     def get(self, layer: int, group: str) -> GroupLora | None:
         return self.groups.get((layer, group))

@@ -265,6 +265,10 @@ class SlotGenerator:
         order = sorted(range(rows), key=lambda r: -budgets[r])
         queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
         active: list[int] = []
+        # with LoRA, prefills and decode batches keep their rows sorted by member, so the fused
+        # kernels' row tiles mostly hold one member and read its second factors once
+        member_of = members.tolist() if lora is not None else None
+        slot_member = [0] * ws.slots
         refill = max(1, ws.slots // 16)
         steps = prefills = batch = busy = padded = 0
         spans: list[tuple[object, object]] = []  # (start, end) of each prefill: its time
@@ -273,6 +277,10 @@ class SlotGenerator:
                 take = min(len(free), len(queue))
                 chosen = [queue.popleft() for _ in range(take)]
                 slots = [free.pop() for _ in range(take)]
+                if member_of is not None:
+                    chosen.sort(key=member_of.__getitem__)
+                    for row, slot in zip(chosen, slots, strict=True):
+                        slot_member[slot] = member_of[row]
                 begin = timer.now()
                 self._prefill(
                     ws, ids, mask, chosen, slots, members, budget_t, lora, sampling,
@@ -281,6 +289,8 @@ class SlotGenerator:
                 spans.append((begin, timer.now()))
                 prefills += 1
                 active += slots
+                if member_of is not None:
+                    active.sort(key=slot_member.__getitem__)
                 batch = self._set_batch(ws, active)
             for _ in range(self.check_every):
                 self._step(ws, batch, lora, sampling, eos, out, widest, generator)
@@ -339,27 +349,17 @@ class SlotGenerator:
         for lo in range(0, len(chosen), chunk):
             r, s = rows_t[lo : lo + chunk], slots_t[lo : lo + chunk]
             mem = members[r]
-            # eager LoRA: the model sees the rows sorted by member, one small GEMM per member's
-            # run of tokens; the logits come back in the rows' order (the same sampling draws)
-            order = torch.argsort(mem, stable=True) if runs else None
-            pr, ps = (r, s) if order is None else (r[order], s[order])
-            m = mask[pr]
+            m = mask[r]
             positions = (m.long().cumsum(-1) - 1).clamp(min=0)
             cos, sin = ws.cos[positions], ws.sin[positions]
             pmask = None if bool(m.all()) else prefill_mask(m, ws.dtype)
             view: FastLoraRows | None = None
-            if lora is not None:
-                seen = mem if order is None else mem[order]  # the members in the model's order
-                per_token = seen.repeat_interleave(length)
-                view = (
-                    lora.rows(per_token)
-                    if order is None
-                    else lora.runs(per_token, member_runs(seen.tolist(), length))
-                )
-            logits = self.model.prefill(ids[pr], cos, sin, pmask, ws.cache, ps, view)
-            if order is not None:
-                logits = logits[torch.argsort(order)]
-            m = mask[r]
+            if lora is not None:  # rows sorted by member (generate): eager LoRA takes one small
+                # GEMM per member's run of tokens, the Triton kernels one Bt read per tile
+                per_token = mem.repeat_interleave(length)
+                runs_of = member_runs(mem.tolist(), length) if runs else None
+                view = lora.rows(per_token) if runs_of is None else lora.runs(per_token, runs_of)
+            logits = self.model.prefill(ids[r], cos, sin, pmask, ws.cache, s, view)
             first = next_token(logits, sampling, generator)
             ws.lens[s] = length
             ws.start[s] = length - m.sum(-1)

@@ -59,6 +59,33 @@ def _member(lora: LoraOperand | None, like: Tensor) -> tuple[Tensor, bool]:
 
 
 @triton.jit
+def _tile_member(mem_ptr, rows, r_ok):
+    """The one member of a tile's rows, or -1 where they name more than one."""
+    mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+    lo = tl.min(tl.where(r_ok, mv, 1 << 40), 0)
+    hi = tl.max(tl.where(r_ok, mv, -1), 0)
+    return mv, tl.where(lo == hi, lo, -1)
+
+
+@triton.jit
+def _silu_dot(gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, m, su, su_m, sb_m, sb_c, inter,
+              off_g, off_u, R: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """``gate += u_g Bt_g``, ``up += u_u Bt_u`` of one member ``m`` for the tile: two tl.dot."""
+    offs_c = tl.arange(0, C)
+    u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
+    u_ok = r_ok[:, None] & (offs_c[None, :] < R)
+    b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
+    b_ok = (offs_c[:, None] < R) & c_ok[None, :]
+    b_g = tl.load(b_at, mask=b_ok, other=0.0)
+    b_u = tl.load(b_at + inter, mask=b_ok, other=0.0)
+    u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0).to(b_g.dtype)
+    u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0).to(b_g.dtype)
+    gate += tl.dot(u_g, b_g, input_precision=PRECISION)
+    up += tl.dot(u_u, b_u, input_precision=PRECISION)
+    return gate, up
+
+
+@triton.jit
 def _silu_mul_kernel(
     x_ptr, u_ptr, b_ptr, out_ptr, mem_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
     off_g, off_u,
@@ -73,30 +100,29 @@ def _silu_mul_kernel(
     at = x_ptr + rows[:, None] * sx + cols[None, :]
     gate = tl.load(at, mask=ok).to(tl.float32)
     up = tl.load(at + inter, mask=ok).to(tl.float32)
-    if HAS_LORA and MEMBER:  # each row its own member: rank-1 updates over gathered Bt rows
-        mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-        u_row = u_ptr + rows * su + mv * su_m
-        b_at = b_ptr + mv[:, None] * sb_m + cols[None, :]
-        for c in tl.static_range(R):
-            u_g = tl.load(u_row + off_g + c, mask=r_ok, other=0.0).to(tl.float32)
-            u_u = tl.load(u_row + off_u + c, mask=r_ok, other=0.0).to(tl.float32)
-            b_g = tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
-            b_u = tl.load(b_at + c * sb_c + inter, mask=ok, other=0.0).to(tl.float32)
-            gate += u_g[:, None] * b_g
-            up += u_u[:, None] * b_u
+    if HAS_LORA and MEMBER:  # each row its own member
+        mv, one = _tile_member(mem_ptr, rows, r_ok)
+        if DOT and one >= 0:  # a tile of one member (batches sorted by member): its Bt once
+            gate, up = _silu_dot(
+                gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, one, su, su_m, sb_m, sb_c,
+                inter, off_g, off_u, R, C, PRECISION,
+            )  # fmt: skip
+        else:  # rank-1 updates over gathered Bt rows
+            u_row = u_ptr + rows * su + mv * su_m
+            b_at = b_ptr + mv[:, None] * sb_m + cols[None, :]
+            for c in tl.static_range(R):
+                u_g = tl.load(u_row + off_g + c, mask=r_ok, other=0.0).to(tl.float32)
+                u_u = tl.load(u_row + off_u + c, mask=r_ok, other=0.0).to(tl.float32)
+                b_g = tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
+                b_u = tl.load(b_at + c * sb_c + inter, mask=ok, other=0.0).to(tl.float32)
+                gate += u_g[:, None] * b_g
+                up += u_u[:, None] * b_u
     elif HAS_LORA and DOT:  # + u_j Bt_j (gate: module 0, up: module 1) as two tl.dot
         m = (tb * BT) // rpm
-        offs_c = tl.arange(0, C)
-        u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
-        u_ok = r_ok[:, None] & (offs_c[None, :] < R)
-        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
-        b_ok = (offs_c[:, None] < R) & c_ok[None, :]
-        b_g = tl.load(b_at, mask=b_ok, other=0.0)
-        b_u = tl.load(b_at + inter, mask=b_ok, other=0.0)
-        u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0).to(b_g.dtype)
-        u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0).to(b_g.dtype)
-        gate += tl.dot(u_g, b_g, input_precision=PRECISION)
-        up += tl.dot(u_u, b_u, input_precision=PRECISION)
+        gate, up = _silu_dot(
+            gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, m, su, su_m, sb_m, sb_c, inter,
+            off_g, off_u, R, C, PRECISION,
+        )  # fmt: skip
     elif HAS_LORA:  # the same as rank-1 updates: r FMAs per element, no layout change
         m = (tb * BT) // rpm
         u_row = u_ptr + rows * su + m * su_m
@@ -126,11 +152,11 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["silu"]
     bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
-    if per_row:
-        bt_rows = 16
+    if per_row:  # tiles of one member (sorted batches) take the tl.dot path
+        bt_rows = tune["rows"]
     block = tune["elems"] // bt_rows if lora is not None else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
-    dot = bool(tune["dot"]) and bt_rows >= 16 and not per_row
+    dot = bool(tune["dot"]) and bt_rows >= 16
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
         gate_up, up_, bt, out, mem, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
@@ -138,6 +164,19 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
         PRECISION=_precision(gate_up), MEMBER=per_row, num_warps=tune["warps"] if has else 8,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _rope_fma(x1, x2, u_ptr, b_ptr, rows, n_rows, m, off, h, offs_d, su, su_m, sb_m, sb_c,
+              R: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
+    """``+ u_j Bt_j`` of one member ``m`` on head ``h``'s two halves, as rank-1 updates."""
+    u_row = u_ptr + rows * su + m * su_m + off
+    b_col = b_ptr + m * sb_m + h * 2 * HALF + offs_d
+    for c in tl.static_range(R):
+        u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
+        x1 += u * tl.load(b_col + c * sb_c).to(tl.float32)[None, :]
+        x2 += u * tl.load(b_col + c * sb_c + HALF).to(tl.float32)[None, :]
+    return x1, x2
 
 
 @triton.jit
@@ -157,15 +196,19 @@ def _qkv_rope_kernel(
     at = x_ptr + rows[:, None] * sx_t + h * sx_h + offs_d[None, :]
     x1 = tl.load(at, mask=ok).to(tl.float32)
     x2 = tl.load(at + HALF, mask=ok).to(tl.float32)
-    if HAS_LORA and MEMBER:  # each row its own member: gathered Bt rows
-        mv = tl.load(mem_ptr + rows, mask=rows < n_rows, other=0).to(tl.int64)
+    if HAS_LORA and MEMBER:  # each row its own member
+        mv, one = _tile_member(mem_ptr, rows, rows < n_rows)
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
-        u_row = u_ptr + rows * su + mv * su_m + off
-        b_at = b_ptr + mv[:, None] * sb_m + h * 2 * HALF + offs_d[None, :]
-        for c in tl.static_range(R):
-            u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
-            x1 += u * tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
-            x2 += u * tl.load(b_at + c * sb_c + HALF, mask=ok, other=0.0).to(tl.float32)
+        if one >= 0:  # a tile of one member (batches sorted by member): its Bt row once
+            x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, n_rows, one, off, h, offs_d, su,
+                               su_m, sb_m, sb_c, R, HALF)  # fmt: skip
+        else:  # gathered Bt rows
+            u_row = u_ptr + rows * su + mv * su_m + off
+            b_at = b_ptr + mv[:, None] * sb_m + h * 2 * HALF + offs_d[None, :]
+            for c in tl.static_range(R):
+                u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
+                x1 += u * tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
+                x2 += u * tl.load(b_at + c * sb_c + HALF, mask=ok, other=0.0).to(tl.float32)
     elif HAS_LORA and DOT:  # + u_j Bt_j on this head's columns (j: its module, q, k or v)
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
@@ -181,12 +224,8 @@ def _qkv_rope_kernel(
     elif HAS_LORA:  # the same as rank-1 updates
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
-        u_row = u_ptr + rows * su + m * su_m + off
-        b_col = b_ptr + m * sb_m + h * 2 * HALF + offs_d
-        for c in tl.static_range(R):
-            u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
-            x1 += u * tl.load(b_col + c * sb_c).to(tl.float32)[None, :]
-            x2 += u * tl.load(b_col + c * sb_c + HALF).to(tl.float32)[None, :]
+        x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, n_rows, m, off, h, offs_d, su, su_m,
+                           sb_m, sb_c, R, HALF)  # fmt: skip
     c_at = rows[:, None] * sc_t + offs_d[None, :]
     c1, c2 = tl.load(cos_ptr + c_at, mask=ok), tl.load(cos_ptr + c_at + HALF, mask=ok)
     s1, s2 = tl.load(sin_ptr + c_at, mask=ok), tl.load(sin_ptr + c_at + HALF, mask=ok)
