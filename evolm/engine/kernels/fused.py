@@ -59,29 +59,45 @@ def _member(lora: LoraOperand | None, like: Tensor) -> tuple[Tensor, bool]:
 
 
 @triton.jit
-def _tile_member(mem_ptr, rows, r_ok):
-    """The one member of a tile's rows, or -1 where they name more than one."""
-    mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-    lo = tl.min(tl.where(r_ok, mv, 1 << 40), 0)
-    hi = tl.max(tl.where(r_ok, mv, -1), 0)
-    return mv, tl.where(lo == hi, lo, -1)
+def _first_member(mv, r_ok):
+    """The smallest member id among a tile's rows (2**40 where none)."""
+    return tl.min(tl.where(r_ok, mv, 1 << 40), 0)
 
 
 @triton.jit
-def _silu_dot(gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, m, su, su_m, sb_m, sb_c, inter,
-              off_g, off_u, R: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """``gate += u_g Bt_g``, ``up += u_u Bt_u`` of one member ``m`` for the tile: two tl.dot."""
-    offs_c = tl.arange(0, C)
-    u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
-    u_ok = r_ok[:, None] & (offs_c[None, :] < R)
-    b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
-    b_ok = (offs_c[:, None] < R) & c_ok[None, :]
-    b_g = tl.load(b_at, mask=b_ok, other=0.0)
-    b_u = tl.load(b_at + inter, mask=b_ok, other=0.0)
-    u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0).to(b_g.dtype)
-    u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0).to(b_g.dtype)
-    gate += tl.dot(u_g, b_g, input_precision=PRECISION)
-    up += tl.dot(u_u, b_u, input_precision=PRECISION)
+def _next_member(mv, r_ok, m):
+    """The smallest member id above ``m`` among a tile's rows (2**40 where none)."""
+    return tl.min(tl.where(r_ok & (mv > m), mv, 1 << 40), 0)
+
+
+@triton.jit
+def _silu_lora(gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, m, su, su_m, sb_m, sb_c, inter,
+               off_g, off_u, R: tl.constexpr, DOT: tl.constexpr, C: tl.constexpr,
+               PRECISION: tl.constexpr):  # fmt: skip
+    """``gate += u_g Bt_g``, ``up += u_u Bt_u`` of member ``m`` for the tile's rows ``r_ok``
+    (the others add nothing): two tl.dot, or r rank-1 FMA updates."""
+    if DOT:
+        offs_c = tl.arange(0, C)
+        u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
+        u_ok = r_ok[:, None] & (offs_c[None, :] < R)
+        b_at = b_ptr + m * sb_m + offs_c[:, None] * sb_c + cols[None, :]
+        b_ok = (offs_c[:, None] < R) & c_ok[None, :]
+        b_g = tl.load(b_at, mask=b_ok, other=0.0)
+        b_u = tl.load(b_at + inter, mask=b_ok, other=0.0)
+        u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0).to(b_g.dtype)
+        u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0).to(b_g.dtype)
+        gate += tl.dot(u_g, b_g, input_precision=PRECISION)
+        up += tl.dot(u_u, b_u, input_precision=PRECISION)
+    else:
+        u_row = u_ptr + rows * su + m * su_m
+        b_col = b_ptr + m * sb_m + cols
+        for c in tl.static_range(R):
+            u_g = tl.load(u_row + off_g + c, mask=r_ok, other=0.0).to(tl.float32)
+            u_u = tl.load(u_row + off_u + c, mask=r_ok, other=0.0).to(tl.float32)
+            b_g = tl.load(b_col + c * sb_c, mask=c_ok, other=0.0).to(tl.float32)
+            b_u = tl.load(b_col + c * sb_c + inter, mask=c_ok, other=0.0).to(tl.float32)
+            gate += u_g[:, None] * b_g[None, :]
+            up += u_u[:, None] * b_u[None, :]
     return gate, up
 
 
@@ -100,40 +116,22 @@ def _silu_mul_kernel(
     at = x_ptr + rows[:, None] * sx + cols[None, :]
     gate = tl.load(at, mask=ok).to(tl.float32)
     up = tl.load(at + inter, mask=ok).to(tl.float32)
-    if HAS_LORA and MEMBER:  # each row its own member
-        mv, one = _tile_member(mem_ptr, rows, r_ok)
-        if DOT and one >= 0:  # a tile of one member (batches sorted by member): its Bt once
-            gate, up = _silu_dot(
-                gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, one, su, su_m, sb_m, sb_c,
-                inter, off_g, off_u, R, C, PRECISION,
+    if HAS_LORA and MEMBER:  # rows name their members: one pass per member in the tile (one
+        # pass for the tiles of a batch sorted by member, two where a member's rows end)
+        mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+        m = _first_member(mv, r_ok)
+        while m < (1 << 40):
+            gate, up = _silu_lora(
+                gate, up, u_ptr, b_ptr, rows, r_ok & (mv == m), cols, c_ok, m, su, su_m, sb_m,
+                sb_c, inter, off_g, off_u, R, DOT, C, PRECISION,
             )  # fmt: skip
-        else:  # rank-1 updates over gathered Bt rows
-            u_row = u_ptr + rows * su + mv * su_m
-            b_at = b_ptr + mv[:, None] * sb_m + cols[None, :]
-            for c in tl.static_range(R):
-                u_g = tl.load(u_row + off_g + c, mask=r_ok, other=0.0).to(tl.float32)
-                u_u = tl.load(u_row + off_u + c, mask=r_ok, other=0.0).to(tl.float32)
-                b_g = tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
-                b_u = tl.load(b_at + c * sb_c + inter, mask=ok, other=0.0).to(tl.float32)
-                gate += u_g[:, None] * b_g
-                up += u_u[:, None] * b_u
-    elif HAS_LORA and DOT:  # + u_j Bt_j (gate: module 0, up: module 1) as two tl.dot
+            m = _next_member(mv, r_ok, m)
+    elif HAS_LORA:  # member-major rows: the tile's rows are one member's
         m = (tb * BT) // rpm
-        gate, up = _silu_dot(
+        gate, up = _silu_lora(
             gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, m, su, su_m, sb_m, sb_c, inter,
-            off_g, off_u, R, C, PRECISION,
+            off_g, off_u, R, DOT, C, PRECISION,
         )  # fmt: skip
-    elif HAS_LORA:  # the same as rank-1 updates: r FMAs per element, no layout change
-        m = (tb * BT) // rpm
-        u_row = u_ptr + rows * su + m * su_m
-        b_col = b_ptr + m * sb_m + cols
-        for c in tl.static_range(R):
-            u_g = tl.load(u_row + off_g + c, mask=r_ok, other=0.0).to(tl.float32)
-            u_u = tl.load(u_row + off_u + c, mask=r_ok, other=0.0).to(tl.float32)
-            b_g = tl.load(b_col + c * sb_c, mask=c_ok, other=0.0).to(tl.float32)
-            b_u = tl.load(b_col + c * sb_c + inter, mask=c_ok, other=0.0).to(tl.float32)
-            gate += u_g[:, None] * b_g[None, :]
-            up += u_u[:, None] * b_u[None, :]
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(
         out_ptr + rows[:, None] * so + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok
@@ -152,7 +150,7 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["silu"]
     bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
-    if per_row:  # tiles of one member (sorted batches) take the tl.dot path
+    if per_row:  # any rows: a tile takes one pass per member among its rows
         bt_rows = tune["rows"]
     block = tune["elems"] // bt_rows if lora is not None else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
@@ -167,13 +165,14 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
 
 
 @triton.jit
-def _rope_fma(x1, x2, u_ptr, b_ptr, rows, n_rows, m, off, h, offs_d, su, su_m, sb_m, sb_c,
+def _rope_fma(x1, x2, u_ptr, b_ptr, rows, r_ok, m, off, h, offs_d, su, su_m, sb_m, sb_c,
               R: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
-    """``+ u_j Bt_j`` of one member ``m`` on head ``h``'s two halves, as rank-1 updates."""
+    """``+ u_j Bt_j`` of member ``m`` on head ``h``'s two halves for the tile's rows ``r_ok``
+    (the others add nothing), as rank-1 updates."""
     u_row = u_ptr + rows * su + m * su_m + off
     b_col = b_ptr + m * sb_m + h * 2 * HALF + offs_d
     for c in tl.static_range(R):
-        u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
+        u = tl.load(u_row + c, mask=r_ok, other=0.0).to(tl.float32)[:, None]
         x1 += u * tl.load(b_col + c * sb_c).to(tl.float32)[None, :]
         x2 += u * tl.load(b_col + c * sb_c + HALF).to(tl.float32)[None, :]
     return x1, x2
@@ -196,19 +195,15 @@ def _qkv_rope_kernel(
     at = x_ptr + rows[:, None] * sx_t + h * sx_h + offs_d[None, :]
     x1 = tl.load(at, mask=ok).to(tl.float32)
     x2 = tl.load(at + HALF, mask=ok).to(tl.float32)
-    if HAS_LORA and MEMBER:  # each row its own member
-        mv, one = _tile_member(mem_ptr, rows, rows < n_rows)
+    if HAS_LORA and MEMBER:  # rows name their members: one pass per member in the tile
+        r_ok = rows < n_rows
+        mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
-        if one >= 0:  # a tile of one member (batches sorted by member): its Bt row once
-            x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, n_rows, one, off, h, offs_d, su,
-                               su_m, sb_m, sb_c, R, HALF)  # fmt: skip
-        else:  # gathered Bt rows
-            u_row = u_ptr + rows * su + mv * su_m + off
-            b_at = b_ptr + mv[:, None] * sb_m + h * 2 * HALF + offs_d[None, :]
-            for c in tl.static_range(R):
-                u = tl.load(u_row + c, mask=rows < n_rows, other=0.0).to(tl.float32)[:, None]
-                x1 += u * tl.load(b_at + c * sb_c, mask=ok, other=0.0).to(tl.float32)
-                x2 += u * tl.load(b_at + c * sb_c + HALF, mask=ok, other=0.0).to(tl.float32)
+        m = _first_member(mv, r_ok)
+        while m < (1 << 40):
+            x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, r_ok & (mv == m), m, off, h, offs_d,
+                               su, su_m, sb_m, sb_c, R, HALF)  # fmt: skip
+            m = _next_member(mv, r_ok, m)
     elif HAS_LORA and DOT:  # + u_j Bt_j on this head's columns (j: its module, q, k or v)
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
@@ -224,8 +219,8 @@ def _qkv_rope_kernel(
     elif HAS_LORA:  # the same as rank-1 updates
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
-        x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, n_rows, m, off, h, offs_d, su, su_m,
-                           sb_m, sb_c, R, HALF)  # fmt: skip
+        x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, rows < n_rows, m, off, h, offs_d, su,
+                           su_m, sb_m, sb_c, R, HALF)  # fmt: skip
     c_at = rows[:, None] * sc_t + offs_d[None, :]
     c1, c2 = tl.load(cos_ptr + c_at, mask=ok), tl.load(cos_ptr + c_at + HALF, mask=ok)
     s1, s2 = tl.load(sin_ptr + c_at, mask=ok), tl.load(sin_ptr + c_at + HALF, mask=ok)
@@ -280,8 +275,8 @@ def qkv_rope(
     rpm = n // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["rope"]
     bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
-    if per_row:
-        bt_rows = 16
+    if per_row:  # any rows: a tile takes one pass per member among its rows
+        bt_rows = tune["rows"]
     crow = cpos = out
     if cache is not None and len(cache) == 4:
         kc, vc, crow, cpos = cache
