@@ -17,6 +17,7 @@ from evolm.bench.shapes import build_model
 from evolm.engine.fast.lora import FastLora, GroupLora, RankActs, lora_delta, operand, project
 from evolm.engine.fast.slots import member_runs
 from evolm.engine.hf.multilora import load_population
+from evolm.engine.kernels import tile_members
 from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
@@ -321,6 +322,15 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     shuffled = torch.randint(0, members, (members * rpm,), generator=gen, device=dev)
     ordered = torch.sort(shuffled).values
     assert (ordered[:-1] != ordered[1:]).any()  # both kinds of tiles
+    # the tiles' one member found up front (as FastLora.rows does on GPUs), or row by row
+    tiles = tile_members(ordered)
+    assert (tiles >= 0).any() and (tiles < 0).any()
+    by_row = [
+        (shuffled, None),
+        (ordered, None),
+        (ordered, tiles),
+        (shuffled, tile_members(shuffled)),
+    ]
 
     gu = rand(members * rpm, 2 * 4864 + 8)[:, : 2 * 4864]  # strided rows
     for rank in (r, 20):  # 20: more rank columns than one 16-wide tl.dot tile
@@ -334,8 +344,8 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
                 assert close(triton_ops.silu_mul(gu, operand(u, g)), want), (rank, dot)
             finally:
                 triton_ops.TUNE["silu"] = tuned
-        for member in (shuffled, ordered):
-            gm = replace(g, member=member)
+        for member, tiles in by_row:
+            gm = replace(g, member=member, tiles=tiles)
             want_m = fastops.silu_mul(gu.float() + want_delta(u, gm))
             assert close(triton_ops.silu_mul(gu, operand(u, gm)), want_m), rank
     x = rand(members * rpm, 44 * 64)[:, : 36 * 64]  # 28 q, 4 k, 4 v heads
@@ -359,8 +369,8 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         assert close(got, want), dot
     assert torch.equal(kc[:, :, 5], got[:, 28:32]) and torch.equal(vc[:, :, 5], got[:, 32:])
     assert kc[:, :, :5].abs().sum() == 0 and vc[:, :, 6:].abs().sum() == 0
-    for member in (shuffled, ordered):
-        gm = replace(g, member=member)
+    for member, tiles in by_row:
+        gm = replace(g, member=member, tiles=tiles)
         full_m = (x.float() + want_delta(u, gm)).view(-1, 36, 64)
         rot = fastops.rope(full_m[:, :32], cos.float(), sin.float())
         got_m = triton_ops.qkv_rope(x.view(-1, 36, 64), cos, sin, 32, operand(u, gm))

@@ -25,6 +25,7 @@ import torch
 
 from evolm.bench.shapes import SHAPES
 from evolm.engine.fast.lora import GroupLora, RankActs, operand
+from evolm.engine.kernels import tile_members
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def cases(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
     shuffled = ordered[torch.randperm(rows, generator=gen, device=dev)]
 
     def rows_of(u: RankActs, g: GroupLora, member: torch.Tensor) -> Any:
-        return operand(u, replace(g, member=member))
+        return operand(u, replace(g, member=member, tiles=tile_members(member)))
 
     per_row = {
         f"{name}_{order}": fn

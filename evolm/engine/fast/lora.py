@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from evolm.engine.fast.fp8 import Fp8Weight
-from evolm.engine.kernels import LoraOperand
+from evolm.engine.kernels import LoraOperand, tile_members
 from evolm.lora.layout import LoraLayout, LoraPopulation
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -65,6 +65,7 @@ class GroupLora:
     lo: int = 0
     member: Tensor | None = None
     runs: tuple[tuple[int, int, int], ...] | None = None
+    tiles: Tensor | None = None
 
     @property
     def members(self) -> int:
@@ -108,7 +109,7 @@ def operand(acts: RankActs | None, lora: GroupLora | None) -> LoraOperand | None
     """What a fused kernel needs of a group's pending second product (None: no LoRA)."""
     if acts is None or lora is None:
         return None
-    return LoraOperand(acts.u, acts.member_stride, lora.Bt, lora.offsets, lora.member)
+    return LoraOperand(acts.u, acts.member_stride, lora.Bt, lora.offsets, lora.member, lora.tiles)
 
 
 def project(
@@ -371,6 +372,8 @@ class FastLoraRows:
         runs: tuple[tuple[int, int, int], ...] | None = None,
     ) -> None:
         self.lora, self.member, self.runs = lora, member, runs
+        # the fused kernels' tiles of one member, found once for every layer (GPU only)
+        self.tiles = tile_members(member) if member.is_cuda and member.numel() else None
         self._groups: dict[tuple[int, str], GroupLora | None] = {}
 
     def get(self, layer: int, group: str) -> GroupLora | None:
@@ -378,6 +381,8 @@ class FastLoraRows:
         if key not in self._groups:
             g = self.lora.get(layer, group)
             self._groups[key] = (
-                None if g is None else replace(g, member=self.member, runs=self.runs)
+                None
+                if g is None
+                else replace(g, member=self.member, runs=self.runs, tiles=self.tiles)
             )
         return self._groups[key]

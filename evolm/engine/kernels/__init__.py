@@ -28,7 +28,10 @@ class LoraOperand(NamedTuple):
     - ``bt [M, rank, out]``: every member's ``B^T`` pre-multiplied by the LoRA scaling;
     - ``offsets``: each module's first rank column in ``u`` (-1: not adapted, its ``bt``
       columns are zero);
-    - ``member [rows]`` (int32 or int64, optional): each row's member.
+    - ``member [rows]`` (int32 or int64, optional): each row's member;
+    - ``tiles [ceil(rows / TILE_ROWS)]`` (optional, with ``member``): per tile of
+      :data:`TILE_ROWS` rows, their one member, or -1 where they name several
+      (:func:`tile_members`).
     """
 
     u: Tensor
@@ -36,3 +39,18 @@ class LoraOperand(NamedTuple):
     bt: Tensor
     offsets: tuple[int, ...]
     member: Tensor | None = None
+    tiles: Tensor | None = None
+
+
+TILE_ROWS = 16  # rows per program of the fused kernels where rows name their members
+
+
+def tile_members(member: Tensor) -> Tensor:
+    """Per tile of :data:`TILE_ROWS` rows of ``member``: their one member, or -1. Computed once
+    per decode step (or prefill chunk) for every layer's kernels, so a tile of one member (the
+    slot scheduler sorts its batches by member) skips finding it row by row."""
+    pad = -member.shape[0] % TILE_ROWS
+    full = torch.cat([member, member[-1:].expand(pad)]) if pad else member
+    tiles = full.view(-1, TILE_ROWS)
+    lo, hi = tiles.amin(1), tiles.amax(1)
+    return torch.where(lo == hi, lo, -1)

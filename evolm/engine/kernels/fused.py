@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from evolm.engine.kernels import LoraOperand
+from evolm.engine.kernels import TILE_ROWS, LoraOperand
 
 TUNE: dict[str, dict[str, int]] = {
     # launch settings of the LoRA-fused kernels, from ``python -m evolm.bench.kernels`` on an
@@ -54,11 +54,14 @@ def _lora_args(
     return u, bt, u.stride(0), lora.u_member_stride, bt.stride(0), bt.stride(1), bt.shape[1], offs
 
 
-def _member(lora: LoraOperand | None, like: Tensor) -> tuple[Tensor, bool]:
-    """Each row's member ids (continuous batching) and whether there are any."""
+def _member(lora: LoraOperand | None, like: Tensor) -> tuple[Tensor, bool, Tensor, bool]:
+    """Each row's member ids (continuous batching) and whether there are any; the tiles' one
+    member (``TILE_ROWS``-row tiles) and whether they are known."""
     if lora is None or lora.member is None:
-        return like, False
-    return lora.member, True
+        return like, False, like, False
+    if lora.tiles is None:
+        return lora.member, True, like, False
+    return lora.member, True, lora.tiles, True
 
 
 @triton.jit
@@ -106,10 +109,11 @@ def _silu_lora(gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, m, su, su_m, sb_m
 
 @triton.jit
 def _silu_mul_kernel(
-    x_ptr, u_ptr, b_ptr, out_ptr, mem_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c, so, rpm,
-    off_g, off_u,
+    x_ptr, u_ptr, b_ptr, out_ptr, mem_ptr, tile_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c,
+    so, rpm, off_g, off_u,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, BLOCK: tl.constexpr,
     DOT: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr, MEMBER: tl.constexpr,
+    TILES: tl.constexpr,
 ):  # fmt: skip
     tb, blk = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -119,16 +123,24 @@ def _silu_mul_kernel(
     at = x_ptr + rows[:, None] * sx + cols[None, :]
     gate = tl.load(at, mask=ok).to(tl.float32)
     up = tl.load(at + inter, mask=ok).to(tl.float32)
-    if HAS_LORA and MEMBER:  # rows name their members: one pass per member in the tile (one
-        # pass for the tiles of a batch sorted by member, two where a member's rows end)
-        mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-        m = _first_member(mv, r_ok)
-        while m < (1 << 40):
+    if HAS_LORA and MEMBER:  # rows name their members
+        one = -1
+        if TILES:  # the tile's one member, if it has one (found once per step)
+            one = tl.load(tile_ptr + tb).to(tl.int64)
+        if one >= 0:  # a tile of one member: batches are sorted by member
             gate, up = _silu_lora(
-                gate, up, u_ptr, b_ptr, rows, r_ok & (mv == m), cols, c_ok, m, su, su_m, sb_m,
-                sb_c, inter, off_g, off_u, R, DOT, C, PRECISION,
+                gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, one, su, su_m, sb_m, sb_c,
+                inter, off_g, off_u, R, DOT, C, PRECISION,
             )  # fmt: skip
-            m = _next_member(mv, r_ok, m)
+        else:  # one pass per member among the tile's rows
+            mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+            m = _first_member(mv, r_ok)
+            while m < (1 << 40):
+                gate, up = _silu_lora(
+                    gate, up, u_ptr, b_ptr, rows, r_ok & (mv == m), cols, c_ok, m, su, su_m,
+                    sb_m, sb_c, inter, off_g, off_u, R, DOT, C, PRECISION,
+                )  # fmt: skip
+                m = _next_member(mv, r_ok, m)
     elif HAS_LORA:  # member-major rows: the tile's rows are one member's
         m = (tb * BT) // rpm
         gate, up = _silu_lora(
@@ -149,20 +161,21 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     has = lora is not None
-    mem, per_row = _member(lora, gate_up)
+    mem, per_row, tiles, has_tiles = _member(lora, gate_up)
     rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["silu"]
     bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
     if per_row:  # any rows: a tile takes one pass per member among its rows
-        bt_rows = tune["rows"]
+        bt_rows = TILE_ROWS if has_tiles else tune["rows"]
     block = tune["elems"] // bt_rows if lora is not None else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
     dot = bool(tune["dot"]) and bt_rows >= 16
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
-        gate_up, up_, bt, out, mem, rows, inter,
+        gate_up, up_, bt, out, mem, tiles, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
         HAS_LORA=has, R=rank, BT=bt_rows, BLOCK=block, DOT=dot, C=_dot_cols(rank),
-        PRECISION=_precision(gate_up), MEMBER=per_row, num_warps=tune["warps"] if has else 8,
+        PRECISION=_precision(gate_up), MEMBER=per_row, TILES=has_tiles,
+        num_warps=tune["warps"] if has else 8,
     )  # fmt: skip
     return out
 
@@ -184,12 +197,12 @@ def _rope_fma(x1, x2, u_ptr, b_ptr, rows, r_ok, m, off, h, offs_d, su, su_m, sb_
 @triton.jit
 def _qkv_rope_kernel(
     x_ptr, cos_ptr, sin_ptr, u_ptr, b_ptr, out_ptr, kc_ptr, vc_ptr, slot_ptr, mem_ptr,
-    crow_ptr, cpos_ptr,
+    tile_ptr, crow_ptr, cpos_ptr,
     n_rows, q_heads, rot_heads, sx_t, sx_h, sc_t, su, su_m, sb_m, sb_c, so_t, so_h,
     skc_r, skc_h, skc_n, svc_r, svc_h, svc_n, rpm, off_q, off_k, off_v,
     HAS_LORA: tl.constexpr, R: tl.constexpr, BT: tl.constexpr, HALF: tl.constexpr,
     TO_CACHE: tl.constexpr, DOT: tl.constexpr, C: tl.constexpr, PRECISION: tl.constexpr,
-    MEMBER: tl.constexpr, PER_ROW: tl.constexpr,
+    MEMBER: tl.constexpr, PER_ROW: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     tb, h = tl.program_id(0), tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -198,15 +211,22 @@ def _qkv_rope_kernel(
     at = x_ptr + rows[:, None] * sx_t + h * sx_h + offs_d[None, :]
     x1 = tl.load(at, mask=ok).to(tl.float32)
     x2 = tl.load(at + HALF, mask=ok).to(tl.float32)
-    if HAS_LORA and MEMBER:  # rows name their members: one pass per member in the tile
+    if HAS_LORA and MEMBER:  # rows name their members
         r_ok = rows < n_rows
-        mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
-        m = _first_member(mv, r_ok)
-        while m < (1 << 40):
-            x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, r_ok & (mv == m), m, off, h, offs_d,
-                               su, su_m, sb_m, sb_c, R, HALF)  # fmt: skip
-            m = _next_member(mv, r_ok, m)
+        one = -1
+        if TILES:  # the tile's one member, if it has one (found once per step)
+            one = tl.load(tile_ptr + tb).to(tl.int64)
+        if one >= 0:  # a tile of one member: batches are sorted by member
+            x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, r_ok, one, off, h, offs_d, su, su_m,
+                               sb_m, sb_c, R, HALF)  # fmt: skip
+        else:  # one pass per member among the tile's rows
+            mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+            m = _first_member(mv, r_ok)
+            while m < (1 << 40):
+                x1, x2 = _rope_fma(x1, x2, u_ptr, b_ptr, rows, r_ok & (mv == m), m, off, h,
+                                   offs_d, su, su_m, sb_m, sb_c, R, HALF)  # fmt: skip
+                m = _next_member(mv, r_ok, m)
     elif HAS_LORA and DOT:  # + u_j Bt_j on this head's columns (j: its module, q, k or v)
         m = (tb * BT) // rpm
         off = tl.where(h < q_heads, off_q, tl.where(h < rot_heads, off_k, off_v))
@@ -274,12 +294,12 @@ def qkv_rope(
     n, heads, hd = qkv.shape
     ct, st = cos.reshape(-1, hd), sin.reshape(-1, hd)
     out = torch.empty(n, heads, hd, dtype=qkv.dtype, device=qkv.device)
-    mem, per_row = _member(lora, qkv)
+    mem, per_row, tiles, has_tiles = _member(lora, qkv)
     rpm = n // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["rope"]
     bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
     if per_row:  # any rows: a tile takes one pass per member among its rows
-        bt_rows = tune["rows"]
+        bt_rows = TILE_ROWS if has_tiles else tune["rows"]
     crow = cpos = out
     if cache is not None and len(cache) == 4:
         kc, vc, crow, cpos = cache
@@ -289,7 +309,7 @@ def qkv_rope(
     q_heads = rot_heads - (heads - rot_heads)  # as many k heads as v heads
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, qkv)
     _qkv_rope_kernel[(triton.cdiv(n, bt_rows), heads)](
-        qkv, ct, st, up_, bt, out, kc, vc, slot, mem, crow, cpos,
+        qkv, ct, st, up_, bt, out, kc, vc, slot, mem, tiles, crow, cpos,
         n, q_heads, rot_heads, qkv.stride(0), qkv.stride(1), ct.stride(0),
         su, su_m, sb_m, sb_c, out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
@@ -297,6 +317,7 @@ def qkv_rope(
         HAS_LORA=lora is not None, R=rank, BT=bt_rows, HALF=hd // 2, TO_CACHE=cache is not None,
         DOT=bool(tune["dot"]) and bt_rows >= 16 and not per_row, C=_dot_cols(rank),
         PRECISION=_precision(qkv), MEMBER=per_row, PER_ROW=cache is not None and len(cache) == 4,
+        TILES=has_tiles,
         num_warps=tune["warps"] if lora is not None else 4,
     )  # fmt: skip
     return out
@@ -352,7 +373,7 @@ def add_rms_norm(
     columns); ``lora``: the pending LoRA (a single module's)."""
     rows, hidden = x.shape
     h = torch.empty_like(x)
-    mem, per_row = _member(lora, x)
+    mem, per_row, _, _ = _member(lora, x)
     rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     up_, bt, su, su_m, sb_m, sb_c, rank, _ = _lora_args(lora, x)
     yy = x if y is None else y
