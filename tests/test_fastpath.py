@@ -383,6 +383,12 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     h = triton_ops.add_rms_norm(res, w, 1e-6, y, operand(u, g))
     assert close(res, ref)  # the residual stream, updated in place
     assert close(h, F.rms_norm(ref, (hidden,), w.float(), 1e-6))
+    for member, tiles in by_row:  # rows naming members: one row per program, or tiles of rows
+        gm = replace(g, member=member, tiles=tiles)
+        res_m = rand(members * rpm, hidden)
+        ref_m = res_m.float() + y.float() + want_delta(u, gm)
+        h_m = triton_ops.add_rms_norm(res_m, w, 1e-6, y, operand(u, gm))
+        assert close(res_m, ref_m) and close(h_m, F.rms_norm(ref_m, (hidden,), w.float(), 1e-6))
     assert close(
         triton_ops.add_rms_norm(res.clone(), w, 1e-6),
         F.rms_norm(res.float(), (hidden,), w.float(), 1e-6),

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 GRID: dict[str, dict[str, list[int]]] = {
     "silu": {"dot": [0, 1], "rows": [16, 32], "elems": [2048, 4096, 8192], "warps": [4, 8]},
     "rope": {"dot": [0, 1], "rows": [16, 32], "warps": [2, 4]},
-    "norm": {"warps": [1, 2, 4, 8]},
+    "norm": {"warps": [1, 2, 4, 8], "tile_warps": [2, 4, 8, 16]},
 }
 
 
@@ -102,8 +102,10 @@ def cases(shape: str, members: int, prompts: int, rank: int) -> dict[str, Any]:
     ordered = torch.arange(members, device=dev).repeat_interleave(prompts)
     shuffled = ordered[torch.randperm(rows, generator=gen, device=dev)]
 
+    tiles = {id(m): tile_members(m) for m in (ordered, shuffled)}  # once per step, as the engine
+
     def rows_of(u: RankActs, g: GroupLora, member: torch.Tensor) -> Any:
-        return operand(u, replace(g, member=member, tiles=tile_members(member)))
+        return operand(u, replace(g, member=member, tiles=tiles[id(member)]))
 
     per_row = {
         f"{name}_{order}": fn
