@@ -383,10 +383,10 @@ def _add_rms_norm_tiles_kernel(
             x += u[:, None] * bt.to(tl.float32)[None, :]
     else:  # each row its member's
         mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-        for c in tl.static_range(R):
-            u = tl.load(u_ptr + rows * su + mv * su_m + c, mask=r_ok, other=0.0).to(tl.float32)
-            bt = tl.load(b_ptr + mv[:, None] * sb_m + c * sb_c + cols[None, :], mask=ok, other=0.0)
-            x += u[:, None] * bt.to(tl.float32)
+        for c in tl.static_range(R):  # (own names: Triton types each branch's variables)
+            ur = tl.load(u_ptr + rows * su + mv * su_m + c, mask=r_ok, other=0.0).to(tl.float32)
+            bg = tl.load(b_ptr + mv[:, None] * sb_m + c * sb_c + cols[None, :], mask=ok, other=0.0)
+            x += ur[:, None] * bg.to(tl.float32)
     x = x.to(ty).to(tl.float32)  # the residual stream, rounded as HF rounds it
     tl.store(x_at, x.to(ty), mask=ok)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / hidden + eps)
