@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 GRID: dict[str, dict[str, list[int]]] = {
     "silu": {"dot": [0, 1], "rows": [16, 32], "elems": [2048, 4096, 8192], "warps": [4, 8]},
     "rope": {"dot": [0, 1], "rows": [16, 32], "warps": [2, 4]},
-    "norm": {"warps": [1, 2, 4, 8], "tile_warps": [2, 4, 8, 16]},
+    "norm": {"warps": [1, 2, 4, 8]},
 }
 
 

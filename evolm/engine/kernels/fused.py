@@ -33,7 +33,7 @@ TUNE: dict[str, dict[str, int]] = {
     # shape at 6,000 rows 128 vs 157 us (base 82).
     "silu": {"rows": 16, "elems": 4096, "warps": 4, "dot": 1},
     "rope": {"rows": 16, "warps": 4, "dot": 0},
-    "norm": {"warps": 0, "tile_warps": 8},  # 0: one warp per 256 columns (best of 1-8)
+    "norm": {"warps": 0},  # 0: one warp per 256 columns (best of 1-8)
 }
 
 
@@ -356,47 +356,7 @@ def _add_rms_norm_kernel(
     tl.store(h_ptr + row * sh + cols, h.to(ty), mask=ok)
 
 
-@triton.jit
-def _add_rms_norm_tiles_kernel(
-    x_ptr, y_ptr, u_ptr, b_ptr, w_ptr, h_ptr, mem_ptr, tile_ptr, n_rows, hidden,
-    sx, sy, su, su_m, sb_m, sb_c, sh, eps,
-    HAS_Y: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr, BR: tl.constexpr,
-    TILE: tl.constexpr,
-):  # fmt: skip
-    """:func:`_add_rms_norm_kernel` with LoRA for ``BR`` rows per program, rows naming their
-    members: a tile of one member (``tiles``) reads its Bt row once for all ``BR`` rows."""
-    row0 = tl.program_id(0) * BR
-    rows = row0 + tl.arange(0, BR)
-    cols = tl.arange(0, BLOCK)
-    r_ok, c_ok = rows < n_rows, cols < hidden
-    ok = r_ok[:, None] & c_ok[None, :]
-    ty = x_ptr.dtype.element_ty
-    x_at = x_ptr + rows[:, None] * sx + cols[None, :]
-    x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
-    if HAS_Y:
-        x += tl.load(y_ptr + rows[:, None] * sy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    one = tl.load(tile_ptr + row0 // TILE).to(tl.int64)
-    if one >= 0:  # the rows' one member: its Bt rows once
-        for c in tl.static_range(R):
-            u = tl.load(u_ptr + rows * su + one * su_m + c, mask=r_ok, other=0.0).to(tl.float32)
-            bt = tl.load(b_ptr + one * sb_m + c * sb_c + cols, mask=c_ok, other=0.0)
-            x += u[:, None] * bt.to(tl.float32)[None, :]
-    else:  # each row its member's
-        mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-        for c in tl.static_range(R):  # (own names: Triton types each branch's variables)
-            ur = tl.load(u_ptr + rows * su + mv * su_m + c, mask=r_ok, other=0.0).to(tl.float32)
-            bg = tl.load(b_ptr + mv[:, None] * sb_m + c * sb_c + cols[None, :], mask=ok, other=0.0)
-            x += ur[:, None] * bg.to(tl.float32)
-    x = x.to(ty).to(tl.float32)  # the residual stream, rounded as HF rounds it
-    tl.store(x_at, x.to(ty), mask=ok)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / hidden + eps)
-    w = tl.load(w_ptr + cols, mask=c_ok, other=0.0).to(tl.float32)
-    h = (x * rstd[:, None]).to(ty).to(tl.float32) * w[None, :]  # rounded like HF's RMSNorm
-    tl.store(h_ptr + rows[:, None] * sh + cols[None, :], h.to(ty), mask=ok)
-
-
 NORM_MAX_HIDDEN = 16384  # add_rms_norm holds a row in registers
-NORM_TILE_ELEMS = 16384  # rows x columns per program where tiles of one member share Bt
 
 
 def add_rms_norm(
@@ -413,20 +373,11 @@ def add_rms_norm(
     columns); ``lora``: the pending LoRA (a single module's)."""
     rows, hidden = x.shape
     h = torch.empty_like(x)
-    mem, per_row, tiles, has_tiles = _member(lora, x)
+    mem, per_row, _, _ = _member(lora, x)  # one row per program: Bt rows per row, from L2
     rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     up_, bt, su, su_m, sb_m, sb_c, rank, _ = _lora_args(lora, x)
     yy = x if y is None else y
     block = triton.next_power_of_2(hidden)
-    br = min(TILE_ROWS, NORM_TILE_ELEMS // block)
-    if has_tiles and br > 1:  # several rows per program, Bt read once per tile of one member
-        _add_rms_norm_tiles_kernel[(triton.cdiv(rows, br),)](
-            x, yy, up_, bt, weight, h, mem, tiles, rows, hidden,
-            x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), eps,
-            HAS_Y=y is not None, R=rank, BLOCK=block, BR=br, TILE=TILE_ROWS,
-            num_warps=TUNE["norm"]["tile_warps"],
-        )  # fmt: skip
-        return h
     _add_rms_norm_kernel[(rows,)](
         x, yy, up_, bt, weight, h, mem, hidden,
         x.stride(0), yy.stride(0), su, su_m, sb_m, sb_c, h.stride(0), rpm, eps,
