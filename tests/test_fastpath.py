@@ -179,7 +179,9 @@ def test_grouped_lora_equals_each_module_alone(in_weights: bool, targets: list[s
     weight[sum(outs) :] = 0
     spare = (lambda _l, _g, n: weight[sum(outs) : sum(outs) + n]) if in_weights else None
     lora = FastLora(layout, members, {"qkv": hidden}, {"qkv": outs}, CPU, torch.float32, 8, spare)
-    lora.load(LoraPopulation(layout, tuple(t for m in targets for t in (a[m], b[m]))))
+    pop = LoraPopulation(layout, tuple(t for m in targets for t in (a[m], b[m])))
+    lora.load(pop)
+    lora.load(pop)  # a reload overwrites (the scaling is applied once)
     xs = x.view(members, rows, hidden)
     want = torch.cat(
         [
