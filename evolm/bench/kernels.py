@@ -30,7 +30,14 @@ from evolm.engine.kernels import tile_members
 log = logging.getLogger(__name__)
 
 GRID: dict[str, dict[str, list[int]]] = {
-    "silu": {"dot": [0, 1], "rows": [16, 32], "elems": [2048, 4096, 8192], "warps": [4, 8]},
+    "silu": {
+        "dot": [1],
+        "elems": [2048, 4096],
+        "few_elems": [2048],
+        "warps": [4, 8],
+        "loop": [0, 2, 4, 8],
+        "stages": [2, 3],
+    },
     "rope": {"dot": [0, 1], "rows": [16, 32], "warps": [2, 4]},
     "norm": {"warps": [1, 2, 4, 8]},
 }

@@ -154,6 +154,58 @@ def _silu_mul_kernel(
     )
 
 
+@triton.jit
+def _silu_tiles_kernel(
+    x_ptr, u_ptr, b_ptr, out_ptr, mem_ptr, tile_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c,
+    so, off_g, off_u, per_prog,
+    R: tl.constexpr, BT: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """:func:`_silu_mul_kernel` for rows naming their members with known tiles, each program
+    looping over ``per_prog`` column blocks of one row tile: the tile's member and its ``u``
+    are read once, and the loop's loads pipeline."""
+    tb, split = tl.program_id(0), tl.program_id(1)
+    rows = tb * BT + tl.arange(0, BT)
+    r_ok = rows < n_rows
+    one = tl.load(tile_ptr + tb).to(tl.int64)
+    offs_c = tl.arange(0, C)
+    m = tl.maximum(one, 0)
+    u_at = u_ptr + rows[:, None] * su + m * su_m + offs_c[None, :]
+    u_ok = r_ok[:, None] & (offs_c[None, :] < R)  # (unused where the tile has no one member)
+    u_g = tl.load(u_at + off_g, mask=u_ok, other=0.0).to(b_ptr.dtype.element_ty)
+    u_u = tl.load(u_at + off_u, mask=u_ok, other=0.0).to(b_ptr.dtype.element_ty)
+    b_row = b_ptr + m * sb_m + offs_c[:, None] * sb_c
+    first = split * per_prog * BLOCK
+    for start in range(first, tl.minimum(first + per_prog * BLOCK, inter), BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        c_ok = cols < inter
+        ok = r_ok[:, None] & c_ok[None, :]
+        at = x_ptr + rows[:, None] * sx + cols[None, :]
+        gate = tl.load(at, mask=ok).to(tl.float32)
+        up = tl.load(at + inter, mask=ok).to(tl.float32)
+        if one >= 0:  # a tile of one member (batches are sorted by member)
+            b_ok = (offs_c[:, None] < R) & c_ok[None, :]
+            b_g = tl.load(b_row + cols[None, :], mask=b_ok, other=0.0)
+            b_u = tl.load(b_row + cols[None, :] + inter, mask=b_ok, other=0.0)
+            gate += tl.dot(u_g, b_g, input_precision=PRECISION)
+            up += tl.dot(u_u, b_u, input_precision=PRECISION)
+        else:  # one pass per member among the tile's rows
+            mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+            mm = _first_member(mv, r_ok)
+            while mm < (1 << 40):
+                gate, up = _silu_lora(
+                    gate, up, u_ptr, b_ptr, rows, r_ok & (mv == mm), cols, c_ok, mm, su, su_m,
+                    sb_m, sb_c, inter, off_g, off_u, R, True, C, PRECISION,
+                )  # fmt: skip
+                mm = _next_member(mv, r_ok, mm)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(
+            out_ptr + rows[:, None] * so + cols[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=ok,
+        )
+
+
 def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     """``silu(gate) * up`` for ``gate_up [T, 2 * inter]`` (rows may be strided); ``[T, inter]``.
 
@@ -172,6 +224,16 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     block = elems // bt_rows if lora is not None else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
     dot = bool(tune["dot"]) and bt_rows >= 16
+    if has_tiles and tune.get("loop", 0) and dot:  # (experimental: column loop per program)
+        n_blocks = triton.cdiv(inter, block)
+        per_prog = min(tune["loop"], n_blocks)
+        _silu_tiles_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(n_blocks, per_prog))](
+            gate_up, up_, bt, out, mem, tiles, rows, inter,
+            gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), offs[0], offs[1], per_prog,
+            R=rank, BT=bt_rows, BLOCK=block, C=_dot_cols(rank), PRECISION=_precision(gate_up),
+            num_warps=tune["warps"], num_stages=tune.get("stages", 2),
+        )  # fmt: skip
+        return out
     _silu_mul_kernel[(triton.cdiv(rows, bt_rows), triton.cdiv(inter, block))](
         gate_up, up_, bt, out, mem, tiles, rows, inter,
         gate_up.stride(0), su, su_m, sb_m, sb_c, out.stride(0), rpm, offs[0], offs[1],
