@@ -351,7 +351,8 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
             gm = replace(g, member=member, tiles=tiles)
             want_m = fastops.silu_mul(gu.float() + want_delta(u, gm))
             tuned = triton_ops.TUNE["silu"]
-            triton_ops.TUNE["silu"] = {**tuned, "loop": loop}  # programs over column blocks
+            # programs over column blocks, or one block each
+            triton_ops.TUNE["silu"] = {**tuned, "loop": loop, "few_loop": loop}
             try:
                 assert close(triton_ops.silu_mul(gu, operand(u, gm)), want_m), (rank, loop)
             finally:
