@@ -122,6 +122,23 @@ def _silu_lora(gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, m, su, su_m, sb_m
 
 
 @triton.jit
+def _silu_members(gate, up, u_ptr, b_ptr, mem_ptr, rows, r_ok, cols, c_ok, su, su_m, sb_m, sb_c,
+                  inter, off_g, off_u, R: tl.constexpr, DOT: tl.constexpr, C: tl.constexpr,
+                  PRECISION: tl.constexpr):  # fmt: skip
+    """:func:`_silu_lora` for rows naming their members: one pass per member among the tile's
+    rows, each adding to that member's rows only."""
+    mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+    m = _first_member(mv, r_ok)
+    while m < (1 << 40):
+        gate, up = _silu_lora(
+            gate, up, u_ptr, b_ptr, rows, r_ok & (mv == m), cols, c_ok, m, su, su_m, sb_m, sb_c,
+            inter, off_g, off_u, R, DOT, C, PRECISION,
+        )  # fmt: skip
+        m = _next_member(mv, r_ok, m)
+    return gate, up
+
+
+@triton.jit
 def _silu_mul_kernel(
     x_ptr, u_ptr, b_ptr, out_ptr, mem_ptr, tile_ptr, n_rows, inter, sx, su, su_m, sb_m, sb_c,
     so, rpm, off_g, off_u,
@@ -146,15 +163,11 @@ def _silu_mul_kernel(
                 gate, up, u_ptr, b_ptr, rows, r_ok, cols, c_ok, one, su, su_m, sb_m, sb_c,
                 inter, off_g, off_u, R, DOT, C, PRECISION,
             )  # fmt: skip
-        else:  # one pass per member among the tile's rows
-            mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-            m = _first_member(mv, r_ok)
-            while m < (1 << 40):
-                gate, up = _silu_lora(
-                    gate, up, u_ptr, b_ptr, rows, r_ok & (mv == m), cols, c_ok, m, su, su_m,
-                    sb_m, sb_c, inter, off_g, off_u, R, DOT, C, PRECISION,
-                )  # fmt: skip
-                m = _next_member(mv, r_ok, m)
+        else:
+            gate, up = _silu_members(
+                gate, up, u_ptr, b_ptr, mem_ptr, rows, r_ok, cols, c_ok, su, su_m, sb_m, sb_c,
+                inter, off_g, off_u, R, DOT, C, PRECISION,
+            )  # fmt: skip
     elif HAS_LORA:  # member-major rows: the tile's rows are one member's
         m = (tb * BT) // rpm
         gate, up = _silu_lora(
@@ -202,15 +215,11 @@ def _silu_tiles_kernel(
             b_u = tl.load(b_row + cols[None, :] + inter, mask=b_ok, other=0.0)
             gate += tl.dot(u_g, b_g, input_precision=PRECISION)
             up += tl.dot(u_u, b_u, input_precision=PRECISION)
-        else:  # one pass per member among the tile's rows
-            mv = tl.load(mem_ptr + rows, mask=r_ok, other=0).to(tl.int64)
-            mm = _first_member(mv, r_ok)
-            while mm < (1 << 40):
-                gate, up = _silu_lora(
-                    gate, up, u_ptr, b_ptr, rows, r_ok & (mv == mm), cols, c_ok, mm, su, su_m,
-                    sb_m, sb_c, inter, off_g, off_u, R, True, C, PRECISION,
-                )  # fmt: skip
-                mm = _next_member(mv, r_ok, mm)
+        else:
+            gate, up = _silu_members(
+                gate, up, u_ptr, b_ptr, mem_ptr, rows, r_ok, cols, c_ok, su, su_m, sb_m, sb_c,
+                inter, off_g, off_u, R, True, C, PRECISION,
+            )  # fmt: skip
         out = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(
             out_ptr + rows[:, None] * so + cols[None, :],
