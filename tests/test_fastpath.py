@@ -352,7 +352,7 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
             want_m = fastops.silu_mul(gu.float() + want_delta(u, gm))
             tuned = triton_ops.TUNE["silu"]
             # programs over column blocks, or one block each
-            triton_ops.TUNE["silu"] = {**tuned, "loop": loop, "few_loop": loop}
+            triton_ops.TUNE["silu"] = {**tuned, "loop": loop, "loop_rows": 0}
             try:
                 assert close(triton_ops.silu_mul(gu, operand(u, gm)), want_m), (rank, loop)
             finally:

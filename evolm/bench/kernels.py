@@ -36,7 +36,7 @@ GRID: dict[str, dict[str, list[int]]] = {
         "few_elems": [2048],
         "warps": [4, 8],
         "loop": [0, 2, 4, 8],
-        "few_loop": [0, 4],
+        "loop_rows": [0, 4096],
         "stages": [2, 3],
     },
     "rope": {"dot": [0, 1], "rows": [16, 32], "warps": [2, 4]},

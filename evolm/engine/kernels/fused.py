@@ -32,9 +32,11 @@ TUNE: dict[str, dict[str, int]] = {
     # sorted by member): SiLU 16-row programs, 4 warps: 0.5B 11.4 vs 12.7 us (base 6.7), 1.5B
     # shape at 6,000 rows 128 vs 157 us (base 82).
     # Small batches (<= "few" rows) do better with more, smaller programs: 0.5B 9.8 vs 10.7 us.
-    # "loop": column blocks per program where rows name their members (the tile's member and
-    # u read once, the loop's loads pipelined): 0.5B prefill (61,440 rows) 604 vs 768 us (base
-    # 457), 1.5B 6,000 rows 122 vs 131 us, 0.5B decode ("few_loop") 9.5 vs 9.7 us.
+    # "loop": column blocks per program where rows name their members, for batches of more
+    # than "loop_rows" rows (the tile's member and u read once, the loop's loads pipelined):
+    # 0.5B prefill (61,440 rows) 604 vs 768 us (base 457), 1.5B 6,000 rows 122 vs 131 us.
+    # Smaller batches keep one block per program: W-real 1.5B variable (decode batches of
+    # 234-3,733 rows) took 24.64 s with the loop from 2,048 rows up, 24.02 s without.
     "silu": {
         "rows": 16,
         "elems": 4096,
@@ -43,7 +45,7 @@ TUNE: dict[str, dict[str, int]] = {
         "few": 2048,
         "few_elems": 2048,
         "loop": 8,
-        "few_loop": 4,
+        "loop_rows": 4096,
         "stages": 3,
     },
     "rope": {"rows": 16, "warps": 4, "dot": 0},
@@ -246,7 +248,7 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     block = elems // bt_rows if lora is not None else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
     dot = bool(tune["dot"]) and bt_rows >= 16
-    loop = tune["few_loop"] if rows <= tune["few"] else tune["loop"]
+    loop = tune["loop"] if rows > tune["loop_rows"] else 0
     if has_tiles and loop and dot:  # a row tile's program loops over column blocks
         n_blocks = triton.cdiv(inter, block)
         per_prog = min(loop, n_blocks)
