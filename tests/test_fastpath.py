@@ -320,8 +320,8 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         f32 = GroupLora(g.A, g.Bt.float(), g.offsets, g.splits, member=g.member)
         return lora_delta(RankActs(u.u.float(), u.member_stride), f32)
 
-    # continuous batching: each row names its member, in any order (Bt rows gathered per row)
-    # or sorted by member (tiles of one member read its Bt once; tiles across a boundary gather)
+    # continuous batching: each row names its member, in any order or sorted by member (a tile
+    # of one member reads its Bt once; a tile of several takes one pass per member)
     shuffled = torch.randint(0, members, (members * rpm,), generator=gen, device=dev)
     ordered = torch.sort(shuffled).values
     assert (ordered[:-1] != ordered[1:]).any()  # both kinds of tiles
@@ -392,7 +392,7 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     h = triton_ops.add_rms_norm(res, w, 1e-6, y, operand(u, g))
     assert close(res, ref)  # the residual stream, updated in place
     assert close(h, F.rms_norm(ref, (hidden,), w.float(), 1e-6))
-    for member, tiles in by_row:  # rows naming members: one row per program, or tiles of rows
+    for member, tiles in by_row:  # rows naming members (one row per program; tiles unused)
         gm = replace(g, member=member, tiles=tiles)
         res_m = rand(members * rpm, hidden)
         ref_m = res_m.float() + y.float() + want_delta(u, gm)
@@ -402,6 +402,17 @@ def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
         triton_ops.add_rms_norm(res.clone(), w, 1e-6),
         F.rms_norm(res.float(), (hidden,), w.float(), 1e-6),
     )
+
+
+def test_tile_members_marks_tiles_of_one_member() -> None:
+    """Each 16-row tile's one member, or -1; a partial last tile counts only its rows."""
+    m = torch.tensor([0] * 16 + [1] * 10 + [2] * 6 + [3] * 3)
+    assert tile_members(m).tolist() == [0, -1, 3]
+    assert tile_members(torch.full((19,), 2)).tolist() == [2, 2]
+    pairs = torch.zeros(32, 2, dtype=torch.long)
+    pairs[16:, 0] = 1
+    assert tile_members(pairs[:, 0]).tolist() == [0, 1]  # a strided column
+    assert tile_members(torch.zeros(0, dtype=torch.long)).numel() == 0
 
 
 def test_second_engine_on_a_model_with_spare_rows(qwen: torch.nn.Module) -> None:

@@ -54,7 +54,9 @@ class GroupLora:
     this range; ``member [rows]``: each row's member (continuous batching: rows of any member in
     any order; None: member-major equal blocks); ``runs``: rows grouped by member in runs of any
     length, ``(member, first row, end row)`` each (eager prefill, ``A`` in its own buffer: one
-    small GEMM per run instead of every member's columns for every row).
+    small GEMM per run instead of every member's columns for every row); ``tiles``: with
+    ``member``, each ``TILE_ROWS``-row tile's one member or -1
+    (:func:`evolm.engine.kernels.tile_members`; the fused kernels' fast path).
     """
 
     A: Tensor
@@ -315,6 +317,8 @@ class FastLora:
         0.5B shape's generation)."""
         if len(population) != self.members:
             raise ValueError(f"{len(population)} members for buffers of {self.members}")
+        if not self.groups:
+            return
         factors = list(population.factors())
         dev = next(iter(self.groups.values())).Bt.device
 

@@ -291,6 +291,8 @@ class SlotGenerator:
                 active += slots
                 if member_of is not None:
                     active.sort(key=slot_member.__getitem__)
+                    # the bucket's padding rows (the scratch slot) join the last member's tile
+                    ws.member[ws.slots] = slot_member[active[-1]]
                 batch = self._set_batch(ws, active)
             for _ in range(self.check_every):
                 self._step(ws, batch, lora, sampling, eos, out, widest, generator)

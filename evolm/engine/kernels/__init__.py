@@ -51,6 +51,6 @@ def tile_members(member: Tensor) -> Tensor:
     slot scheduler sorts its batches by member) skips finding it row by row."""
     pad = -member.shape[0] % TILE_ROWS
     full = torch.cat([member, member[-1:].expand(pad)]) if pad else member
-    tiles = full.view(-1, TILE_ROWS)
+    tiles = full.reshape(-1, TILE_ROWS)
     lo, hi = tiles.amin(1), tiles.amax(1)
     return torch.where(lo == hi, lo, -1)
