@@ -104,6 +104,7 @@ def step_profile(
     timed as a CUDA graph, and its kernels (eager, profiler) grouped by name."""
     from torch.profiler import ProfilerActivity, profile
 
+    from evolm.bench.tune import kernels
     from evolm.engine.fast.cudagraph import capture
     from evolm.engine.kernels import FP8
 
@@ -141,12 +142,7 @@ def step_profile(
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step()
             torch.cuda.synchronize()
-        table = []
-        for evt in prof.key_averages():
-            t = getattr(evt, "self_device_time_total", 0)
-            if t > 0:
-                table.append({"name": evt.key[:90], "calls": evt.count, "us": t})
-        out[f"{key}_kernels"] = sorted(table, key=lambda r: -r["us"])[:20]
+        out[f"{key}_kernels"] = kernels(prof, 1, 20)
         del graph
     kv_bytes = float((hi - lo).sum()) * fast.kv_heads * fast.head_dim * 2 * cache.k[0].itemsize
     out["kv_bytes_per_layer"] = kv_bytes

@@ -24,6 +24,7 @@ from evolm.bench import methods as M
 from evolm.bench.shapes import SHAPES, build_model
 from evolm.engine.local import DTYPES, LocalEngine
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
+from evolm.sampling import Sampling
 
 log = logging.getLogger("evolm.bench.tune")
 
@@ -81,8 +82,8 @@ def profile_phases(
 def profile_slots(
     engine: LocalEngine, ids: torch.Tensor, pop: LoraPopulation | None, work: M.Workload
 ) -> dict[str, Any]:
-    """Continuous batching (what users run), graphs off: the GPU kernels and GEMM shapes of a
-    prefill-only generation (one new token) and of a whole one; ``pop`` None: the base model.
+    """Continuous batching (what users run), graphs off: the GPU kernels of a prefill-only
+    generation (one new token) and of a whole one; ``pop`` None: the base model.
     Also the host time of loading ``pop`` into the engine's buffers."""
     import time
 
@@ -101,26 +102,13 @@ def profile_slots(
     graphs, slots.graphs = slots.graphs, False
     try:
         for name, new in (("prefill", 1), ("whole", work.new_tokens)):
-            sampling = M.Sampling(max_new_tokens=new)
+            sampling = Sampling(max_new_tokens=new)
             engine.generate_ids(rows, mask, pop, sampling, eos_ids=[])  # warm
             sync()
-            with profile(activities=acts, record_shapes=True) as prof:
+            with profile(activities=acts) as prof:
                 engine.generate_ids(rows, mask, pop, sampling, eos_ids=[])
                 sync()
             out[name] = kernels(prof, 1, 24)
-            gemms = []
-            for evt in prof.key_averages(group_by_input_shape=True):
-                if evt.key in ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::matmul"):
-                    t = getattr(evt, "device_time_total", 0) or getattr(evt, "cuda_time_total", 0)
-                    gemms.append(
-                        {
-                            "op": evt.key,
-                            "shapes": str(evt.input_shapes)[:160],
-                            "calls": evt.count,
-                            "us": t,
-                        }
-                    )
-            out[name + "_gemms"] = sorted(gemms, key=lambda g: -g["us"])[:24]
     finally:
         slots.graphs = graphs
     if pop is not None:
