@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -375,3 +376,63 @@ def test_tiny_model_warm_up_follows_the_task(overrides: list[str], expected: dic
     countdown tests use), every other task the plain one; a key set on the command line wins."""
     cfg = compose_config(overrides)
     assert {key: cfg.model[key] for key in expected} == expected
+
+
+# A build in a fresh process whose CPU kernels the environment picks: ATEN_CPU_CAPABILITY
+# chooses ATen's vectorized kernels (avx512 falls back to avx2 on a CPU without AVX-512),
+# MKL_CBWR=COMPATIBLE MKL's oldest GEMM path instead of its per-CPU one, OMP_NUM_THREADS the
+# threads: what differs between two x86-64 machines.
+BUILD_IN_ENV = """
+import hashlib, sys, torch
+from evolm.model import tiny
+from evolm.model.spec import TinyModel
+tiny.WARMUP_DTYPE = getattr(torch, sys.argv[2])
+spec = TinyModel(warmup_steps=60, countdown_share=0.75, countdown_untagged=0.5)
+out = tiny.build_tiny_model(sys.argv[1], spec)
+print(torch.backends.cpu.get_cpu_capability(), hashlib.sha256(
+    (out / "model.safetensors").read_bytes()).hexdigest())
+"""
+MACHINES = {
+    "avx2, 1 thread": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"},
+    "avx512, MKL compatible path, 2 threads": {
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "MKL_CBWR": "COMPATIBLE",
+        "OMP_NUM_THREADS": "2",
+    },
+}
+
+
+def build_in_env(out: Path, name: str, env: dict[str, str], dtype: str) -> tuple[str, str]:
+    """``(ATen's kernel capability, sha256 of model.safetensors)`` of a build into ``out``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD_IN_ENV, str(out), dtype],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+    capability, digest = proc.stdout.split()[-2:]
+    return capability, digest
+
+
+@pytest.mark.slow
+def test_countdown_build_bytes_do_not_depend_on_cpu_kernels_or_threads(tmp_path: Path) -> None:
+    """The countdown warm-up gives the same bytes under the kernels two machines would run.
+
+    The control: the same builds with a float32 warm-up differ wherever the CPU has AVX-512
+    (on an AVX2-only CPU both runs take the same ATen kernels, and the control is skipped).
+    """
+    built = {
+        name: build_in_env(tmp_path / f"f64-{i}", name, env, "float64")
+        for i, (name, env) in enumerate(MACHINES.items())
+    }
+    assert len({digest for _, digest in built.values()}) == 1, built
+    capabilities = {capability for capability, _ in built.values()}
+    if capabilities == {"AVX2"}:
+        pytest.skip("no AVX-512 here: both builds ran the same ATen kernels (float64 agreed)")
+    control = {
+        name: build_in_env(tmp_path / f"f32-{i}", name, env, "float32")
+        for i, (name, env) in enumerate(MACHINES.items())
+    }
+    assert len({digest for _, digest in control.values()}) == 2, control

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "EVOLM_CACHE_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/evolm"
 # Bump when the builder's output changes for the same spec: old cache entries are then ignored.
-TINY_BUILD_VERSION = 2
+TINY_BUILD_VERSION = 3
 MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads at the first request.
 MIN_VOCAB_SIZE = 512  # 256 byte-level symbols + 3 special tokens + room for merges.
 

@@ -22,6 +22,9 @@ from evolm.model.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_token
 
 logger = logging.getLogger(__name__)
 
+WARMUP_DTYPE = torch.float64
+"""The warm-up's dtype (:func:`warm_up` says why not float32)."""
+
 
 class TinyArch(Protocol):
     """What the builder reads of its spec (:class:`evolm.model.spec.TinyModel`, which imports
@@ -69,10 +72,21 @@ def init_model(config: Qwen2Config, seed: int) -> Qwen2ForCausalLM:
 
 
 def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyArch) -> None:
-    """The deterministic warm-up (see :mod:`evolm.model.pretrain`): one thread, forked RNG, so
-    the weights are the same on any machine and the caller's RNG and threads are untouched."""
+    """The warm-up (see :mod:`evolm.model.pretrain`), machine-independent: in float64, on one
+    thread, from a forked RNG (the caller's RNG and threads are untouched), then rounded back
+    to the model's float32.
+
+    In float32 the warm-up's result depends on the CPU: AVX-512 and AVX2 kernels (and MKL's
+    per-CPU GEMM paths) round differently, and hundreds of AdamW steps (whose ``m / sqrt(v)``
+    magnifies tiny gradient differences) carry that into every weight, so two x86-64 machines
+    built different countdown models that ES then learned different things from. In float64
+    those kernels agree to the bit on this model and its rounding to float32 hides what is
+    left: the same spec gives the same bytes on AVX2 and AVX-512 CPUs, whatever MKL path or
+    thread count (``tests/test_tiny_model.py``). It costs about twice the float32 time.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    model.to(WARMUP_DTYPE)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
@@ -86,6 +100,7 @@ def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyArch
                 countdown_untagged=spec.countdown_untagged,
             )
     finally:
+        model.to(torch.float32)
         torch.set_num_threads(threads)
 
 
