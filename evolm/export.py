@@ -34,13 +34,36 @@ DTYPES = {
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
 
 
-def merge(adapter: Path, out: Path, base: str, dtype: str = "auto") -> Path:
-    """Write ``base`` with ``adapter`` merged into its weights, and its tokenizer, to ``out``."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def merged_model(adapter: Path, base: str, dtype: str = "auto") -> Any:
+    """``base`` with ``adapter`` folded into its weights by peft (``LoraModel.merge_and_unload``).
+
+    peft's ``LoraModel`` rather than ``PeftModel.from_pretrained``: ``PeftModel.__init__`` (peft
+    0.21) reads transformers' deprecated ``is_gradient_checkpointing``, a FutureWarning on every
+    export; the merge is the same.
+    """
+    from peft import LoraConfig, LoraModel, set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES[dtype])
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    lora = LoraModel(model, {"default": LoraConfig.from_pretrained(str(adapter))}, "default")
+    # saved as PeftModel's state (base_model.model.<module>...); LoraModel's is model.<module>...
+    weights = {k.removeprefix("base_model."): v for k, v in load_peft_weights(str(adapter)).items()}
+    loaded = set_peft_model_state_dict(lora, weights)
+    missing = [k for k in loaded.missing_keys if ".lora_" in k]
+    if loaded.unexpected_keys or missing:
+        raise RuntimeError(
+            f"{adapter}: peft did not load the adapter into {base} (unexpected keys "
+            f"{loaded.unexpected_keys[:3]}, missing {missing[:3]})"
+        )
+    return lora.merge_and_unload()
+
+
+def merge(adapter: Path, out: Path, base: str, dtype: str = "auto") -> Path:
+    """Write ``base`` with ``adapter`` merged into its weights, and its tokenizer, to ``out``."""
+    from transformers import AutoTokenizer
+
+    merged = merged_model(adapter, base, dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

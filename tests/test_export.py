@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from evolm.export import main
 from evolm.lora import LoraLayout, LoraSpec, save_adapter
+from tests.helpers import REPO
 
 
 @pytest.fixture
@@ -67,3 +71,21 @@ def test_missing_adapter_is_a_clear_error(
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
     assert "adapter/adapter_config.json does not exist" in capsys.readouterr().err
+
+
+def test_export_prints_no_future_warning(run_dir: Path) -> None:
+    """What a user runs prints no library deprecation: peft's ``PeftModel`` read transformers'
+    deprecated ``is_gradient_checkpointing`` (a FutureWarning on every export)."""
+    out = run_dir.parent / "merged"
+    command = [sys.executable, "-W", "default::FutureWarning", "-m", "evolm.export"]
+    done = subprocess.run(
+        [*command, str(run_dir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (out / "config.json").is_file()
+    assert "Warning" not in done.stderr, done.stderr
