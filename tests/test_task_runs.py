@@ -49,21 +49,21 @@ def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
 @pytest.mark.slow
 def test_headline_countdown_command_learns(tmp_path: Path, countdown_model_dir: str) -> None:
     """README's first countdown command, as typed (default budget: 40 generations of 16
-    members on 16 puzzles, held-out reward on 32): the mean learns the answer format and the
-    held-out reward rises.
+    members on 16 puzzles, held-out reward on 32): held-out ACCURACY rises, not only format.
 
-    The countdown model is trained on the CPU when first built, and its floats (so its start)
-    differ between machines: one build went 0.030 -> 0.174 (format 0.30 -> 0.80, accuracy
-    0 -> 9.4%: ES tagged chains that were already right), another, already tagging 3 of the 32
-    right answers, 0.132 -> 0.166 (format 0.38 -> 0.72, accuracy 9.4% throughout). So the
-    assertion is what both show: the format reward up by >= 0.25, the reward by >= 0.025."""
+    The countdown model is built the same on every x86-64 machine (float64 warm-up,
+    test_model.py), and the run gave the same adapter under AVX-512, AVX2 and plain CPU
+    kernels: reward 0.024 -> 0.120, format 0.24 -> 0.58, accuracy 0 -> 2 of 32. The assertion
+    leaves a margin below that: one more puzzle right, format +0.25, reward +0.05."""
     records = run(tmp_path, "task=countdown", "es.sigma=0.001")
     evals = [r for r in records if "eval/reward_mean" in r]
     start, end = evals[0], evals[-1]
     assert end["generation"] == 40
-    trace = [(r["generation"], r["eval/reward_mean"], r["eval/format_reward_mean"]) for r in evals]
+    keys = ("eval/reward_mean", "eval/format_reward_mean", "eval/accuracy_mean")
+    trace = [(r["generation"], *(round(r[k], 4) for k in keys)) for r in evals]
+    assert end["eval/accuracy_mean"] >= start["eval/accuracy_mean"] + 1 / 32, trace
     assert end["eval/format_reward_mean"] >= start["eval/format_reward_mean"] + 0.25, trace
-    assert end["eval/reward_mean"] >= start["eval/reward_mean"] + 0.025, trace
+    assert end["eval/reward_mean"] >= start["eval/reward_mean"] + 0.05, trace
 
 
 def test_scorer_run(tmp_path: Path, tiny_model_dir: str, start_server: StartServer) -> None:
