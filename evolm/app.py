@@ -22,7 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
 from evolm import dist, limits, trust
-from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, check_shapes, latest_checkpoint
+from evolm.checkpoint import (
+    CHECKPOINT_DIR,
+    Checkpoint,
+    check_identity,
+    check_shapes,
+    latest_checkpoint,
+    run_identity,
+)
 from evolm.config import Config
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
@@ -217,17 +224,23 @@ def build_parts(build: Builder, cfg: DictConfig) -> Parts:
 
 
 def restore(
-    run_dir: Path, stateful: dict[str, Stateful], comm: dist.Comm = dist.SINGLE
+    run_dir: Path,
+    stateful: dict[str, Stateful],
+    identity: dict[str, Any],
+    comm: dist.Comm = dist.SINGLE,
 ) -> Checkpoint | None:
     """The run's latest valid checkpoint, with its task and callback state loaded into
-    ``stateful``; None (start again from generation 0) when there is none. In a process group
-    rank 0 reads it and sends it to every rank (any world size resumes any checkpoint)."""
+    ``stateful``; None (start again from generation 0) when there is none. A checkpoint written
+    with another seed, ES, LoRA, model or task config than ``identity`` (the run's
+    :func:`run_identity`) is a ConfigError. In a process group rank 0 reads it and sends it to
+    every rank (any world size resumes any checkpoint)."""
     checkpoint = comm.broadcast(
         latest_checkpoint(run_dir / CHECKPOINT_DIR) if comm.is_main else None
     )
     if checkpoint is None:
         log.warning("%s holds no usable checkpoint: the run starts again at generation 0", run_dir)
         return None
+    check_identity(checkpoint, identity)
     for name, state in checkpoint.state.items():
         if name in stateful:
             stateful[name].load_state_dict(state)
@@ -288,7 +301,8 @@ def train(cfg: DictConfig) -> float:
     lora_spec, strategy, make_engine = parts.lora_spec, parts.strategy, parts.make_engine
     stateful = parts.stateful
     output_dir = Path(cfg.output_dir)
-    checkpoint = restore(output_dir, stateful, comm) if resuming else None
+    config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    checkpoint = restore(output_dir, stateful, run_identity(config), comm) if resuming else None
 
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
     model_path = resolve_model(parts.model_spec)
@@ -312,7 +326,7 @@ def train(cfg: DictConfig) -> float:
         generations=cfg.generations,
         layout=layout,
         base_model=model_path,
-        config=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
+        config=config,
         history=checkpoint.records if checkpoint else [],
         stateful=stateful,
     )

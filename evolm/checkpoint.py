@@ -3,11 +3,14 @@
 ``<run dir>/checkpoints/gen-000012.pt`` (``torch.save``, loadable with ``weights_only=True``)::
 
     {"format": 1, "generation": 12, "es": ESState.state_dict(), "records": [...],
-     "state": {"task": {...}, "logger.mlflow": {"run_id": ...}, ...}}
+     "state": {"task": {...}, "logger.mlflow": {"run_id": ...}, ...},
+     "run": {"seed": 0, "es.population_size": 30, "lora.rank": 8, ...}}
 
 ``records`` are the run's records so far (what ``results.jsonl`` holds); ``state`` holds the
 ``state_dict()`` of every task and callback that has one (:class:`~evolm.loop.Stateful`), under
-its name. No RNG state is needed: a generation's population is a pure function of (run seed,
+its name. ``run`` is the config the run's course depends on (:func:`run_identity`): a resumed
+run whose config differs from it is refused (:func:`check_identity`), never continued as a mix
+of two runs. No RNG state is needed: a generation's population is a pure function of (run seed,
 generation) (:meth:`evolm.es.ES.ask`), the training prompts of ``task.train_examples(g)`` and the
 sampling seed ``seed + g`` depend only on the generation, and the engines draw from explicit
 generators seeded per call. What a task adapts between generations (the scorer's lambda) is
@@ -26,7 +29,8 @@ import io
 import logging
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,10 @@ log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 FORMAT = 1
 _NAME = re.compile(r"^gen-(\d+)\.pt$")
+# The config a run's course depends on (what is generated, scored and how the mean moves) ...
+IDENTITY = ("seed", "es", "lora", "model", "task")
+# ... but where things are and how they are reached, which may change between processes.
+NOT_IDENTITY = {"model.cache_dir", "task.url", "task.timeout_s", "task.retries", "task.backoff_s"}
 
 
 class CheckpointError(RuntimeError):
@@ -56,6 +64,7 @@ class Checkpoint:
     es: dict[str, Any]
     records: list[Record]
     state: dict[str, dict[str, Any]]
+    run: dict[str, Any] = field(default_factory=dict)  # run_identity(); empty in old files
 
 
 def checkpoint_path(directory: Path, generation: int) -> Path:
@@ -85,16 +94,65 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config's :data:`IDENTITY` values, flattened (``es.population_size``),
+    without :data:`NOT_IDENTITY`."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        elif prefix not in NOT_IDENTITY:
+            flat[prefix] = list(value) if isinstance(value, list | tuple) else value
+
+    for key in IDENTITY:
+        if key in config:
+            walk(key, config[key])
+    return flat
+
+
+def check_identity(checkpoint: Checkpoint, identity: Mapping[str, Any]) -> None:
+    """The checkpoint was written by a run configured as ``identity`` (:func:`run_identity` of
+    the config being resumed); else a ConfigError naming the values that differ. A checkpoint
+    from before ``run`` was recorded is checked on the seed of its ES state only."""
+    recorded = dict(checkpoint.run)
+    recorded["seed"] = checkpoint.es.get("seed")  # what its noise is drawn from
+    keys = sorted(recorded.keys() | identity.keys()) if checkpoint.run else ["seed"]
+    unset = "<unset>"
+    differ = [k for k in keys if recorded.get(k, unset) != identity.get(k, unset)]
+    if not differ:
+        return
+    shown = ", ".join(
+        f"{k}={recorded.get(k, unset)!r} (config.yaml: {identity.get(k, unset)!r})"
+        for k in differ[:6]
+    )
+    more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
+    raise ConfigError(
+        "resume",
+        f"checkpoint {checkpoint.path} was written by a run with {shown}{more}: continuing it "
+        "with this run's config would mix two runs",
+        "restore those values in the run's config.yaml, move that checkpoint away, or start a "
+        "new run (without resume=) with the new values",
+    )
+
+
 def save_checkpoint(
-    directory: Path, state: ESState, records: list[Record], extra: dict[str, dict[str, Any]]
+    directory: Path,
+    state: ESState,
+    records: list[Record],
+    extra: dict[str, dict[str, Any]],
+    run: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``state.generation`` and its digest; returns its path."""
+    """Write the checkpoint of ``state.generation`` and its digest; returns its path. ``run``
+    is the run's :func:`run_identity`."""
     payload = {
         "format": FORMAT,
         "generation": state.generation,
         "es": state.state_dict(),
         "records": records,
         "state": extra,
+        "run": dict(run or {}),
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -124,7 +182,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
         d = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         if d["format"] != FORMAT:
             raise CheckpointError(f"format {d['format']}, this evolm reads {FORMAT}")
-        return Checkpoint(path, int(d["generation"]), d["es"], list(d["records"]), d["state"])
+        run = dict(d.get("run") or {})
+        return Checkpoint(path, int(d["generation"]), d["es"], list(d["records"]), d["state"], run)
     except CheckpointError:
         raise
     except Exception as e:
@@ -194,7 +253,8 @@ class Checkpointer(Callback):
             extra = {name: obj.state_dict() for name, obj in ctx.stateful.items()}
             directory = Path(ctx.output_dir) / CHECKPOINT_DIR
             try:
-                path = save_checkpoint(directory, state, self.records, extra)
+                run = run_identity(ctx.config)
+                path = save_checkpoint(directory, state, self.records, extra, run)
             except OSError as e:  # e.g. ENOSPC: the partial files are removed
                 found = checkpoints(directory)
                 last = f"the last good one, {found[-1][1]}, is kept" if found else "none exists"

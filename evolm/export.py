@@ -2,8 +2,13 @@
 
 Loads the base model named in ``<run dir>/adapter/adapter_config.json`` (or ``--base``), applies
 the adapter with peft, folds it into the weights (``merge_and_unload``) and writes a plain
-transformers checkpoint with the tokenizer to ``DIR`` (default ``<run dir>/merged``; replaced
-atomically). Then prints how to serve the adapter unmerged with peft, SGLang and vLLM.
+transformers checkpoint with the tokenizer to ``DIR`` (default ``<run dir>/merged``), written
+beside it and renamed into place, readable as the umask says (:mod:`evolm.files`). Then prints how
+to serve the adapter unmerged with peft, SGLang and vLLM.
+
+``DIR`` is replaced whole, so it must be new, empty, or an earlier export (it holds
+:data:`MARKER`); the run directory, a folder holding it, and the run's ``adapter/`` and
+``checkpoints/`` are refused, before anything is written.
 """
 
 from __future__ import annotations
@@ -11,10 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from evolm.errors import ConfigError
+from evolm.files import publish_dir, temp_dir_beside
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,8 @@ DTYPES = {
     "float16": torch.float16,
 }
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
+MARKER = ".evolm-export.json"  # in every export: what --out may replace
+RUN_OWNED = ("adapter", "checkpoints")  # folders of a run that an export must not go into
 
 
 def merged_model(adapter: Path, base: str, dtype: str = "auto") -> Any:
@@ -64,16 +69,12 @@ def merge(adapter: Path, out: Path, base: str, dtype: str = "auto") -> Path:
     from transformers import AutoTokenizer
 
     merged = merged_model(adapter, base, dtype)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with temp_dir_beside(out) as tmp:
         merged.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        marker = {"adapter": str(adapter), "base": base, "dtype": dtype}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        publish_dir(tmp, out)
     return out
 
 
@@ -130,6 +131,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_out(run_dir: Path, out: Path) -> None:
+    """Refuse an ``--out`` whose replacement would delete what the export did not write: the run
+    directory or a folder holding it, the run's own folders, a file, or a non-empty folder that
+    is not an earlier export; a :class:`ConfigError` naming ``--out``."""
+    run_dir, out = run_dir.resolve(), out.resolve()
+    new = f"a new or empty folder, e.g. the default {run_dir / 'merged'}"
+    if run_dir.is_relative_to(out):
+        what = "is the run directory" if out == run_dir else f"holds the run directory {run_dir}"
+        problem = f"{out} {what}: the export replaces --out whole and would delete the run"
+        raise ConfigError("--out", problem, f"choose {new}")
+    for owned in RUN_OWNED:
+        if out.is_relative_to(run_dir / owned):
+            problem = f"{out} is inside the run's {owned}/, which the run replaces"
+            raise ConfigError("--out", problem, f"choose {new}")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file, not a folder", f"choose {new}")
+    if not any(out.iterdir()) or (out / MARKER).is_file():
+        return
+    if out == run_dir / "merged" and (out / "config.json").is_file():
+        return  # the default target, exported before exports carried MARKER
+    raise ConfigError(
+        "--out",
+        f"{out} already holds files and is not an earlier export (it has no {MARKER}): "
+        "the export replaces --out whole and would delete them",
+        f"choose {new}, or move those files away first",
+    )
+
+
 REDO = "resume the run to its end (python -m evolm resume=<run dir>) to write it again"
 
 
@@ -161,13 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     adapter = args.run_dir.resolve() / "adapter"
-    try:  # a damaged adapter: one message naming the file, before the base model loads
+    out = (args.out or args.run_dir / "merged").resolve()
+    try:  # a damaged adapter or a bad --out: one message, before the base model loads
         config = check_adapter(adapter)
+        check_out(args.run_dir, out)
     except ConfigError as e:
         log.error("cannot export %s: %s", args.run_dir, e)
         return 2
     base = args.base or config["base_model_name_or_path"]
-    out = (args.out or args.run_dir / "merged").resolve()
     log.info("merging %s into %s", adapter, base)
     merge(adapter, out, base, args.dtype)
     print(usage(adapter, out, base, config, args.name))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from evolm.export import main
+from evolm.export import MARKER, main
 from evolm.lora import LoraLayout, LoraSpec, save_adapter
 from tests.helpers import REPO
 
@@ -89,3 +90,73 @@ def test_export_prints_no_future_warning(run_dir: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (out / "config.json").is_file()
     assert "Warning" not in done.stderr, done.stderr
+
+
+def run_files(run_dir: Path) -> dict[str, bytes]:
+    return {str(f): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("where", ["run", "parent", "adapter", "checkpoints"])
+def test_out_that_would_delete_the_run_is_refused(
+    run_dir: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """--out the run directory, a folder holding it, or the run's own folders (before: the
+    adapter, results and checkpoints were deleted)."""
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "gen-000003.pt").write_bytes(b"checkpoint")
+    (run_dir / "results.jsonl").write_text('{"generation": 1}\n')
+    out = {
+        "run": run_dir,
+        "parent": run_dir.parent,
+        "adapter": run_dir / "adapter",
+        "checkpoints": run_dir / "checkpoints" / "merged",
+    }[where]
+    before = run_files(run_dir.parent)
+    assert main([str(run_dir), "--out", str(out)]) == 2
+    assert run_files(run_dir.parent) == before
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["run"]  # no temp dir either
+    assert f"cannot export {run_dir}: --out: {out.resolve()}" in caplog.text
+    assert "would delete the run" in caplog.text or "which the run replaces" in caplog.text
+
+
+def test_out_holding_other_files_is_refused(
+    run_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A non-empty --out that is not an earlier export (before: the user's files were deleted);
+    a file as --out too."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert main([str(run_dir), "--out", str(out)]) == 2
+    assert (out / "notes.txt").read_text() == "keep me" and len(list(out.iterdir())) == 1
+    assert f"{out} already holds files and is not an earlier export" in caplog.text
+    assert main([str(run_dir), "--out", str(out / "notes.txt")]) == 2
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "run"]
+
+
+def test_export_replaces_an_earlier_export_readable_as_the_umask_says(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """An earlier export (it holds the marker) or an empty folder is replaced, atomically; the
+    merged model's files are 0644 and folders 0755 under umask 0022 (before: the folder 0700
+    from mkdtemp and model.safetensors 0600)."""
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "exported"
+        out.mkdir()  # empty: fine
+        for _ in range(2):  # then over the first export
+            assert main([str(run_dir), "--out", str(out), "--dtype", "float32"]) == 0
+            assert (out / MARKER).is_file() and (out / "model.safetensors").is_file()
+            entries = [out, *out.rglob("*")]
+            got = {str(p): stat.S_IMODE(p.stat().st_mode) for p in entries}
+            want = {str(p): 0o755 if p.is_dir() else 0o644 for p in entries}
+            assert got == want
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "run"]
+        default = run_dir / "merged"  # an export from before the marker: replaced too
+        default.mkdir()
+        (default / "config.json").write_text("{}")
+        assert main([str(run_dir)]) == 0
+        assert (default / MARKER).is_file()
+    finally:
+        os.umask(old)

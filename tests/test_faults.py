@@ -98,6 +98,69 @@ def test_processes_opening_one_fresh_store_lose_no_run_and_share_the_parent(
         assert sorted(m.step for m in steps) == [1, 2] and run.info.status == "FINISHED"
 
 
+FRESH_RUNS = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import torch
+    from evolm.es import ESState
+    from evolm.loop import RunContext
+    from evolm.lora import LoraLayout
+    from evolm.tracking.mlflow import MLflowLogger
+
+    root, worker = Path(sys.argv[1]), sys.argv[2]
+    workers, rounds = int(sys.argv[3]), int(sys.argv[4])
+    for r in range(rounds):  # each round: every process opens one fresh store at the same moment
+        store = root / f"round{r}"
+        store.mkdir(exist_ok=True)
+        (store / f"ready-{worker}").touch()
+        while len(list(store.glob("ready-*"))) < workers:
+            time.sleep(0.0005)
+        uri = f"sqlite:///{store}/mlflow.db"
+        logger = MLflowLogger(uri, run_name=worker, artifacts=[], retries=0)
+        ctx = RunContext(store, 2, LoraLayout(targets=(), rank=1, alpha=1.0, num_layers=1), "base")
+        state = ESState(mean=[torch.zeros(1)], seed=0)
+        logger.on_run_start(ctx, state)
+        logger.on_generation_end(ctx, {"generation": 1, "train/fitness_mean": 1.0}, state)
+        logger.on_run_end(ctx, {}, state)
+        print(r, logger.run_id, flush=True)
+    """
+)
+
+
+def test_runs_creating_one_fresh_store_at_once_all_log_and_leave_it_usable(
+    tmp_path: Path,
+) -> None:
+    """Plain runs (no sweep) whose first use of a sqlite store is at the same moment: every run
+    is logged and the store opens afterwards (before the lock: `table _alembic_tmp_experiments
+    already exists`, a run untracked, the store broken for every later run)."""
+    workers, rounds = 4, 3
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FRESH_RUNS, str(tmp_path), f"w{i}", str(workers), str(rounds)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(workers)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+        assert "MLflow: could not" not in err, err[-3000:]
+    for r in range(rounds):
+        client = MlflowClient(f"sqlite:///{tmp_path}/round{r}/mlflow.db")
+        exp = client.get_experiment_by_name("evolm")
+        assert exp is not None, f"round {r}: no experiment"
+        runs = client.search_runs([exp.experiment_id])
+        assert sorted(run.info.run_name for run in runs) == [f"w{i}" for i in range(workers)]
+        assert all(run.info.status == "FINISHED" for run in runs)
+        assert all(run.data.metrics == {"train/fitness_mean": 1.0} for run in runs)
+        later = client.create_run(exp.experiment_id)  # a later run still uses the store
+        client.log_metric(later.info.run_id, "x", 1.0)
+
+
 # -- NaN/inf rewards -----------------------------------------------------------------------------
 
 POISON_TASK = '''

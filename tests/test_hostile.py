@@ -275,7 +275,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_last_good_one(
 
     monkeypatch.setattr(ck.os, "fsync", full)
     checkpointer = ck.Checkpointer(every=1)
-    ctx = SimpleNamespace(output_dir=tmp_path, generations=5, stateful={}, history=[])
+    ctx = SimpleNamespace(output_dir=tmp_path, generations=5, stateful={}, history=[], config={})
     with pytest.raises(RunAborted, match=r"No space left.*partial file was removed.*gen-000001"):
         checkpointer.on_generation_end(ctx, {}, ESState(mean=[torch.ones(2)], seed=0, generation=2))
     assert sorted(p.name for p in directory.iterdir()) == [good.name, good.name + ".sha256"]

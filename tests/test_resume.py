@@ -118,6 +118,91 @@ def test_unusable_checkpoint_falls_back_to_the_previous(
     assert "resume: ['es.sigma=0.1'] would change the run" in rejected.stdout + rejected.stderr
 
 
+# -- a resume that would mix two runs is refused ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Path:
+    """A finished 3-generation run (seed 0, population 4, rank 4) with its last checkpoint."""
+    run_dir = tmp_path_factory.mktemp("fast") / "run"
+    proc = run_cli(["debug=fast", "logger=none", f"hydra.run.dir={run_dir}"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def run_files(run_dir: Path) -> dict[str, bytes]:
+    """The bytes of the run's files but Hydra's (its log and ``.hydra/``: every start writes)."""
+    files = [f for f in sorted(run_dir.rglob("*")) if f.is_file() and f.suffix != ".log"]
+    return {str(f): f.read_bytes() for f in files if ".hydra" not in f.parts}
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A copy of the run, and the bytes of its files (to check that a refusal touched none)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    return copy, run_files(copy)
+
+
+def assert_untouched(run_dir: Path, before: dict[str, bytes]) -> None:
+    assert run_files(run_dir) == before
+
+
+@pytest.mark.parametrize("override", ["seed=3", "es.population_size=2", "lora.rank=2"])
+def test_resume_with_another_seed_population_or_rank_is_refused(
+    fast_run: Path, tmp_path: Path, override: str
+) -> None:
+    run_dir, before = copy_run(fast_run, tmp_path)
+    proc = run_cli([f"resume={run_dir}", override, "logger=none"], timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert f"resume: ['{override}', 'logger=none'] would change the run" in out
+    assert_untouched(run_dir, before)
+
+
+@pytest.mark.parametrize(
+    ("line", "edited", "named"),
+    [
+        ("seed: 0", "seed: 3", "seed=0 (config.yaml: 3)"),
+        ("  population_size: 4", "  population_size: 2", "es.population_size=4 (config.yaml: 2)"),
+        ("  rank: 4", "  rank: 2", "lora.rank=4 (config.yaml: 2)"),
+    ],
+)
+def test_checkpoint_of_another_configuration_is_refused(
+    fast_run: Path, tmp_path: Path, line: str, edited: str, named: str
+) -> None:
+    """The run's config.yaml no longer matches its checkpoint (edited, or the checkpoint is
+    another run's): refused before the model loads, naming the values, nothing written (before:
+    another seed or population continued silently as a mix of two runs)."""
+    run_dir, _ = copy_run(fast_run, tmp_path)
+    config = run_dir / "config.yaml"
+    text = config.read_text()
+    assert f"\n{line}\n" in text
+    config.write_text(text.replace(f"\n{line}\n", f"\n{edited}\n", 1))
+    before = run_files(run_dir)
+    proc = run_cli([f"resume={run_dir}"], timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert f"resume: checkpoint {run_dir}/checkpoints/gen-000003.pt was written by a run " in out
+    assert named in out and "would mix two runs" in out
+    assert "ES over" not in out  # refused before the model and engine
+    assert_untouched(run_dir, before)
+
+
+def test_checkpoint_without_its_config_is_checked_on_its_seed(
+    fast_run: Path, tmp_path: Path
+) -> None:
+    """A checkpoint written before checkpoints recorded their config: its ES seed is checked."""
+    run_dir, _ = copy_run(fast_run, tmp_path)
+    found = latest_checkpoint(run_dir / "checkpoints")
+    assert found is not None and found.run["es.population_size"] == 4
+    es = ESState.from_state_dict({**found.es, "seed": 5})
+    save_checkpoint(run_dir / "checkpoints", es, found.records, found.state)  # no run identity
+    proc = run_cli([f"resume={run_dir}"], timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "was written by a run with seed=5 (config.yaml: 0)" in out
+
+
 # -- the checkpoint files, in process ----------------------------------------------------
 
 

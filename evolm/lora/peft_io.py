@@ -9,15 +9,13 @@ a directory is written beside the target and renamed into place.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from evolm.files import publish_dir, temp_dir_beside
 from evolm.lora.layout import LoraLayout
 
 CONFIG_FILE = "adapter_config.json"
@@ -57,22 +55,14 @@ def save_adapter(
     path = Path(path)
     if len(tensors) != len(layout.shapes()):
         raise ValueError(f"{len(tensors)} tensors for a layout of {len(layout.shapes())}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with temp_dir_beside(path) as tmp:
         state = {
             k: t.detach().to("cpu", dtype).contiguous()
             for k, t in zip(layout.peft_keys(), tensors, strict=True)
         }
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(layout, base_model), indent=2))
-        old = path.with_name(f".{path.name}.old")
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        publish_dir(tmp, path)
     return path
 
 

@@ -12,14 +12,13 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from evolm.errors import ConfigError
+from evolm.files import publish_dir, temp_dir_beside
 
 logger = logging.getLogger(__name__)
 
@@ -230,24 +229,17 @@ def _build_atomically(
     spec: TinyModel | None, target: Path, build: Callable[[Path], object] | None = None
 ) -> None:
     """Build into a temp dir beside ``target`` with ``build(tmp)`` (None: the tiny model of
-    ``spec``), then rename; if another process won, keep theirs."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    ``spec``), then rename, its files readable as the umask says (:mod:`evolm.files`); if
+    another process won, keep theirs."""
+    with temp_dir_beside(target) as tmp:
         if build is None:
             assert spec is not None
             _build_tiny(spec, tmp)
         else:
             build(tmp)
-        tmp.chmod(0o755)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
+        if publish_dir(tmp, target, replace=False):
+            logger.info("built %s", target)
+        elif (target / "config.json").is_file():
             logger.info("another process built %s first; keeping theirs", target)
         else:
-            logger.info("built %s", target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            raise OSError(f"{target} exists but holds no config.json: delete it to rebuild")

@@ -3,19 +3,22 @@
 MLflow and Optuna create their tables (and run their schema migrations) the first time a
 process opens a fresh database. Two processes doing it at once (two sweep workers, two runs
 started together) collide: ``duplicate column name``, alembic's ``Online migration expected to
-match one row``; the loser's callback or logger then fails and its runs lose their sweep parent.
+match one row``, ``table _alembic_tmp_experiments already exists``; the loser's run goes
+untracked, and a migration cut in half leaves the store broken for every later run.
 :func:`sqlite_lock` serialises that first open across processes with a file lock beside the
-database (``mlflow.db.lock``); once the schema exists the lock is cheap and held only while a
-process opens its client.
+database (``mlflow.db.lock``, :func:`evolm.files.file_lock`); once the schema exists the lock is
+cheap and held only while a process opens its client. Every opener takes it: a run's MLflow
+logger, a sweep's parent run and callback, Optuna's study lookup.
 """
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from evolm.files import file_lock
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -38,13 +41,8 @@ def sqlite_lock(url: str | None) -> Iterator[None]:
     if db is None:
         yield
         return
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with file_lock(db.with_name(db.name + ".lock")):
+        yield
 
 
 def mlflow_client(tracking_uri: str) -> MlflowClient:
