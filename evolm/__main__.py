@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
 from evolm import dist, sweep  # noqa: F401  (sweep registers its ${evolm_sweep_seed:...} resolver)
+from evolm.compose_check import check_command_line
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
 from evolm.trust import hydra_whitelist, precheck
 
@@ -84,6 +85,8 @@ def main() -> None:
     try:
         whitelist = hydra_whitelist(argv)
         precheck(argv, whitelist)
+        if os.environ.get("HYDRA_FULL_ERROR") != "1":  # else Hydra's own error and traceback
+            check_command_line(argv, CONF_DIR)
     except ConfigError as e:
         sys.stderr.write(f"bad configuration: {e}\n")  # before Hydra sets up logging
         raise SystemExit(2) from None
