@@ -23,6 +23,7 @@ import evolm.config  # noqa: F401  (registers the structured-config schemas)
 from evolm import dist, sweep  # noqa: F401  (sweep registers its ${evolm_sweep_seed:...} resolver)
 from evolm.compose_check import check_command_line
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
+from evolm.rundir import LOCK
 from evolm.trust import hydra_whitelist, precheck
 
 log = logging.getLogger("evolm")
@@ -63,10 +64,11 @@ def job(cfg: DictConfig) -> float:
 
 def remove_unstarted(run_dir: Path) -> None:
     """Delete the run directory Hydra made for a run that failed before it started: it holds
-    only Hydra's ``.hydra/`` and log files (a started run has its ``config.yaml``)."""
+    only Hydra's ``.hydra/``, log files and the run's lock (a started run has its
+    ``config.yaml``)."""
     if not run_dir.is_dir() or (run_dir / "config.yaml").exists():
         return
-    if any(p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()):
+    if any(p.name not in (".hydra", LOCK) and p.suffix != ".log" for p in run_dir.iterdir()):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     log.info("removed %s: the run did not start", run_dir)
