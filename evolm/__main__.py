@@ -41,6 +41,8 @@ def job(cfg: DictConfig) -> float:
     from evolm.app import train
     from evolm.server.pool import in_multirun
 
+    what = "run directory (resumed):" if cfg.resume is not None else "run directory:"
+    log.info("%s %s", what, cfg.output_dir)  # first: a run logging to a file says where it is
     joined = False
     if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
         dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
