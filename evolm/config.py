@@ -37,7 +37,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     "model": {
         "schema_tiny": ("evolm.model.spec:TinyModel", False),
         "schema_hub": ("evolm.model.spec:HubModel", False),
-        "schema_smollm2": ("evolm.model.smollm2:SmolLM2Model", False),
+        "schema_gguf": ("evolm.model.gguf:GGUFModel", False),
     },
     "lora": {"schema_lora": ("evolm.lora.spec:LoraSpec", False)},
     "es": {"schema_es": ("evolm.es.strategy:ES", False)},
