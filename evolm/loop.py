@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from evolm import metrics as M
+from evolm.diagnostics import pair_agreement
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
-from evolm.es import ES, ESState, TellStats
+from evolm.es import ES, ESState, Population, TellStats
 from evolm.evaluate import Evaluation, evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.task.base import Task
@@ -107,6 +108,7 @@ class GenerationRecord:
     generation_s: float
     engine_timings: Mapping[str, float] = field(default_factory=dict)
     comm_s: float | None = None  # distributed runs: all-gather + mean check (None: one process)
+    diagnostics: Mapping[str, float] = field(default_factory=dict)  # evolm.diagnostics
 
     def as_record(self) -> Record:
         es = self.es
@@ -122,6 +124,7 @@ class GenerationRecord:
             # a member's fitness is its mean reward: train/reward_mean would repeat fitness_mean
             **{M.train_score(k): v for k, v in self.scores.items() if k != "reward"},
             **{M.task_stat(k): v for k, v in self.task_stats.items()},
+            **{M.train_diagnostic(k): v for k, v in self.diagnostics.items()},
             M.UPDATE_NORM: es.update_norm,
             M.MEAN_NORM: es.mean_norm,
             M.GENERATE_S: self.generate_s,
@@ -131,6 +134,14 @@ class GenerationRecord:
             M.GENERATION_S: self.generation_s,
             **({} if self.comm_s is None else {M.COMM_S: self.comm_s}),
         }
+
+
+def generation_diagnostics(ev: Evaluation, pop: Population) -> dict[str, float]:
+    """The population's diagnostics (:mod:`evolm.diagnostics`), with the antithetic pairs'
+    agreement (``pair_agreement``) when the population has pairs."""
+    agreement = pair_agreement(ev.fitness, pop.seeds, pop.signs)
+    pairs = {} if agreement is None else {M.PAIR_AGREEMENT: agreement}
+    return {**ev.diagnostics, **pairs}
 
 
 def check_finite_mean(mean_norm: float, generation: int, strategy: ES) -> None:
@@ -165,6 +176,7 @@ class ESLoop:
         mean = LoraPopulation.single(self.layout, state.mean)
         ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed, self.comm)
         metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
+        metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
         return {**metrics, M.EVAL_S: time.perf_counter() - start}
 
     def step(self, state: ESState) -> tuple[ESState, Record]:
@@ -196,6 +208,7 @@ class ESLoop:
             generation_s=time.perf_counter() - start,
             engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
             comm_s=comm_s if self.comm.world_size > 1 else None,
+            diagnostics=generation_diagnostics(ev, pop),
         )
         return state, record.as_record()
 

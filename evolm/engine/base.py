@@ -19,6 +19,43 @@ Row = tuple[int, int]
 """One generation row: ``(member, prompt)`` indices into a population and its prompts."""
 
 
+class Completion(str):
+    """A completion's text, plus what its engine knows of how it was generated.
+
+    It is a ``str`` (tasks score it as text); an engine that knows more returns these instead
+    of plain strings: the local engine (``token_ids`` too) and SGLang. None where the engine
+    does not say (vLLM's ``tokens``; any plain ``str``: read them with :func:`completion_info`).
+    """
+
+    tokens: int | None
+    """New tokens generated, the EOS not counted."""
+    truncated: bool | None
+    """Whether generation stopped at the token budget (``max_new_tokens``) before an EOS."""
+    token_ids: tuple[int, ...] | None
+    """The generated token ids (EOS not included)."""
+
+    def __new__(
+        cls,
+        text: str,
+        tokens: int | None = None,
+        truncated: bool | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> Completion:
+        self = super().__new__(cls, text)
+        self.token_ids = None if token_ids is None else tuple(token_ids)
+        self.tokens = len(self.token_ids) if tokens is None and token_ids is not None else tokens
+        self.truncated = truncated
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (a distributed gather) with its fields
+        return (Completion, (str(self), self.tokens, self.truncated, self.token_ids))
+
+
+def completion_info(text: str) -> tuple[int | None, bool | None]:
+    """``(tokens, truncated)`` of a completion: None each for a plain ``str``."""
+    return getattr(text, "tokens", None), getattr(text, "truncated", None)
+
+
 class Engine(Protocol):
     """Generates completions for every (member, prompt) pair of a population.
 

@@ -27,7 +27,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evolm.engine.base import Engine, Row, chat_prompt
+from evolm.engine.base import Completion, Engine, Row, chat_prompt
 from evolm.engine.fast.fp8 import fp8_shape_problem
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
@@ -336,9 +336,7 @@ class LocalEngine(Engine):
             tokens = self.generate_ids(
                 ids.repeat(hi - lo, 1), mask.repeat(hi - lo, 1), chunk, sampling, generator
             )
-            texts = self.tokenizer.batch_decode(
-                strip_after_eos(tokens, self.eos_ids), skip_special_tokens=True
-            )
+            texts = self.completions(tokens)
             out += [texts[m * len(prompts) : (m + 1) * len(prompts)] for m in range(hi - lo)]
         return out
 
@@ -368,9 +366,18 @@ class LocalEngine(Engine):
             sampling,
             generator,
         )
-        return self.tokenizer.batch_decode(
-            strip_after_eos(tokens, self.eos_ids), skip_special_tokens=True
-        )
+        return self.completions(tokens)
+
+    def completions(self, tokens: torch.Tensor) -> list[str]:
+        """The texts of new tokens ``[rows, steps]`` (each row up to its first EOS), as
+        :class:`Completion` s: a row without an EOS ran out of budget (truncated)."""
+        kept = strip_after_eos(tokens, self.eos_ids)
+        texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
+        steps = tokens.shape[1]
+        return [
+            Completion(text, truncated=len(ids) == steps, token_ids=ids)
+            for text, ids in zip(texts, kept, strict=True)
+        ]
 
     def generate_ids(
         self,
