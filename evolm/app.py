@@ -36,6 +36,7 @@ from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
+from evolm.lora.norms import READ_ERRORS, weight_norm
 from evolm.server import pool
 from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
@@ -133,14 +134,29 @@ def load_layout(model_path: str, spec: LoraSpec) -> LoraLayout:
         raise e.in_group("lora") from None
 
 
+def local_model_dir(model_path: str) -> str:
+    """The model's directory (a hub id: its snapshot's config and safetensors files)."""
+    if Path(model_path).is_dir():
+        return model_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model_path, allow_patterns=["*.json", "*.safetensors"])
+
+
 def noise_scales(spec: LoraSpec, model_path: str, layout: LoraLayout) -> list[float]:
     if spec.noise_scale == "uniform":
         return uniform_scales(layout)
-    if not Path(model_path).is_dir():
-        from huggingface_hub import snapshot_download
+    return weight_mean_scales(local_model_dir(model_path), layout)
 
-        model_path = snapshot_download(model_path, allow_patterns=["*.json", "*.safetensors"])
-    return weight_mean_scales(model_path, layout)
+
+def base_weight_norm(model_path: str, layout: LoraLayout) -> float | None:
+    """The norm of the adapted base weights (es/update_rel, es/mean_rel are relative to it);
+    None, with a warning, where the model's safetensors files cannot be read."""
+    try:
+        return weight_norm(local_model_dir(model_path), layout)
+    except READ_ERRORS as e:
+        log.warning("es/update_rel and es/mean_rel are off: %s's weights: %s", model_path, e)
+        return None
 
 
 def resumed_config(
@@ -267,7 +283,12 @@ def restore(
 
 
 def make_loop(
-    cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout, comm: dist.Comm = dist.SINGLE
+    cfg: DictConfig,
+    parts: Parts,
+    engine: Any,
+    layout: LoraLayout,
+    comm: dist.Comm = dist.SINGLE,
+    base_norm: float | None = None,
 ) -> ESLoop:
     log.info(
         "ES over %d LoRA parameters (%d targets, rank %d), population %d, %d generations",
@@ -287,6 +308,7 @@ def make_loop(
         seed=cfg.seed,
         callbacks=run_callbacks(parts, comm),
         comm=comm,
+        base_norm=base_norm,
     )
 
 
@@ -353,7 +375,7 @@ def train(cfg: DictConfig) -> float:
             es_scales(lora_spec, scales),  # es.sigma in lora.sigma_units
         )
     )
-    loop = make_loop(cfg, parts, engine, layout, comm)
+    loop = make_loop(cfg, parts, engine, layout, comm, base_weight_norm(model_path, layout))
     try:
         state, summary = loop.run(state, ctx)
     finally:

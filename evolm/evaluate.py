@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from evolm import metrics as M
 from evolm.diagnostics import RowStats, completion_stats, summarize
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
@@ -125,6 +126,30 @@ def _evaluate_sharded(
         completions[m][p] = text
     ev = _evaluation(task, scores, stats, completions, n_prompts, start, generated)
     return replace(ev, comm_s=comm_s)
+
+
+def kl_to_base(
+    engine: Engine,
+    examples: Sequence[Example],
+    completions: Sequence[str],
+    adapter: LoraPopulation,
+    comm: Comm = SINGLE,
+) -> dict[str, float]:
+    """``{kl_mean, kl_std}``: the mean and std over every scored token of the per-token
+    KL(adapted || base) along one member's ``completions`` of ``examples``
+    (:meth:`Engine.kl_to_base`); empty where the engine cannot score. In a process group each
+    rank scores the prompts it generated (:meth:`Comm.shard`) and one all-gather joins them."""
+    mine = comm.shard(range(len(examples))) if comm.world_size > 1 else range(len(examples))
+    prompts = [render(engine, examples[p]) for p in mine]
+    texts = [completions[p] for p in mine]
+    values = engine.kl_to_base(prompts, texts, adapter) if prompts else []
+    parts = comm.gather(values) if comm.world_size > 1 else [values]
+    if any(part is None for part in parts):
+        return {}
+    tokens = torch.tensor([v for part in parts for row in part for v in row], dtype=torch.float64)
+    if tokens.numel() == 0:
+        return {}
+    return {M.KL_MEAN: tokens.mean().item(), M.KL_STD: tokens.std(unbiased=False).item()}
 
 
 def _merge_scores(parts: Sequence[Scores], comm: Comm, task_name: str) -> Scores:

@@ -20,8 +20,9 @@ from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
 from evolm.es import ES, ESState, Population, TellStats
-from evolm.evaluate import Evaluation, evaluate
+from evolm.evaluate import Evaluation, evaluate, kl_to_base
 from evolm.lora.layout import LoraLayout, LoraPopulation
+from evolm.lora.norms import delta_norm
 from evolm.task.base import Task
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class GenerationRecord:
     engine_timings: Mapping[str, float] = field(default_factory=dict)
     comm_s: float | None = None  # distributed runs: all-gather + mean check (None: one process)
     diagnostics: Mapping[str, float] = field(default_factory=dict)  # evolm.diagnostics
+    weight_change: Mapping[str, float] = field(default_factory=dict)  # es/update_rel, mean_rel
 
     def as_record(self) -> Record:
         es = self.es
@@ -127,6 +129,7 @@ class GenerationRecord:
             **{M.train_diagnostic(k): v for k, v in self.diagnostics.items()},
             M.UPDATE_NORM: es.update_norm,
             M.MEAN_NORM: es.mean_norm,
+            **self.weight_change,
             M.GENERATE_S: self.generate_s,
             M.SCORE_S: self.score_s,
             **{M.engine_time(k): v for k, v in self.engine_timings.items()},
@@ -170,19 +173,32 @@ class ESLoop:
     seed: int
     callbacks: Sequence[Callback] = ()
     comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
+    base_norm: float | None = None  # of the adapted base weights: es/update_rel, es/mean_rel
 
     def evaluate_mean(self, state: ESState) -> Record:
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, state.mean)
-        ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed, self.comm)
+        examples = self.task.eval_examples()
+        ev = evaluate(self.engine, self.task, examples, mean, self.seed, self.comm)
         metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
         metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
+        kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
+        metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
         return {**metrics, M.EVAL_S: time.perf_counter() - start}
+
+    def weight_change(self, before: ESState, after: ESState) -> dict[str, float]:
+        """es/update_rel and es/mean_rel (:mod:`evolm.lora.norms`): the update's and the mean's
+        change to the adapted weights, relative to them (none without ``base_norm``)."""
+        if not self.base_norm:
+            return {}
+        step = delta_norm(self.layout, after.mean, before.mean)
+        total = delta_norm(self.layout, after.mean, None)
+        return {M.UPDATE_REL: step / self.base_norm, M.MEAN_REL: total / self.base_norm}
 
     def step(self, state: ESState) -> tuple[ESState, Record]:
         """One generation: returns the new state and its record (without eval metrics)."""
         start = time.perf_counter()
-        generation = state.generation + 1
+        generation, before = state.generation + 1, state
         pop = self.strategy.ask(state)
         adapters = LoraPopulation(self.layout, tuple(self.strategy.sample(state, pop)))
         sampled = time.perf_counter()
@@ -209,6 +225,7 @@ class ESLoop:
             engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
             comm_s=comm_s if self.comm.world_size > 1 else None,
             diagnostics=generation_diagnostics(ev, pop),
+            weight_change=self.weight_change(before, state),
         )
         return state, record.as_record()
 

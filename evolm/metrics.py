@@ -21,6 +21,13 @@ prompts (the README's metrics table lists them all):
   N = es.population_size; the mean's greedy pass@1 is ``eval/accuracy_mean``);
 - ``train/pair_agreement`` (antithetic sampling only): the share of mirrored pairs whose two
   members got equal fitness (1: the perturbations change nothing the reward sees).
+
+How far the mean is from the base model: ``eval/kl_mean`` and ``eval/kl_std``, the mean and
+std over the eval completions' tokens of the per-token KL(mean-adapted || base) along them
+(engines that can score it: the local one; :meth:`evolm.engine.base.Engine.kl_to_base`);
+``es/update_rel`` and ``es/mean_rel``, the Frobenius norm of the weight change ``dW`` of the
+generation's update and of the whole mean adapter, relative to the norm of the base weights they
+adapt (:mod:`evolm.lora.norms`).
 """
 
 from __future__ import annotations
@@ -37,8 +44,14 @@ FITNESS_NONFINITE = "train/fitness_nonfinite"
 
 UPDATE_NORM = "es/update_norm"
 MEAN_NORM = "es/mean_norm"
+UPDATE_REL = "es/update_rel"  # ||dW of the update||_F / ||W||_F over the adapted base weights
+MEAN_REL = "es/mean_rel"  # ||dW of the mean's adapter||_F / ||W||_F: how far from the base
 
 EVAL_REWARD = "eval/reward_mean"
+KL_MEAN = "kl_mean"  # per-token KL(mean-adapted || base) along the eval completions
+KL_STD = "kl_std"
+EVAL_KL_MEAN = f"eval/{KL_MEAN}"
+EVAL_KL_STD = f"eval/{KL_STD}"
 
 # diagnostics: bare names, namespaced by train_diagnostic / eval_diagnostic
 EMPTY_SHARE = "empty_share"

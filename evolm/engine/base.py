@@ -3,7 +3,7 @@
 Every engine, in-process (:mod:`evolm.engine.local`) or a client of a remote server
 (:mod:`evolm.server`), subclasses :class:`Engine`: the three required methods have no default,
 the optional hooks (:attr:`Engine.last_timings`, :meth:`Engine.use_layout`) have no-op ones, so
-callers use them without probing.
+callers use them without probing (:meth:`Engine.kl_to_base` too: None where unsupported).
 """
 
 from __future__ import annotations
@@ -109,6 +109,14 @@ class Engine(Protocol):
     def last_timings(self) -> Mapping[str, float]:
         """Seconds (or counts) of the last ``generate``'s phases, logged as ``time/engine_*``."""
         return {}
+
+    def kl_to_base(
+        self, prompts: Sequence[str], completions: Sequence[str], adapter: LoraPopulation
+    ) -> list[list[float]] | None:
+        """Per completion of ``prompts[i]``, the KL(adapted || base) of each next-token
+        distribution that produced it (teacher-forced, temperature 1), adapted by the one
+        member of ``adapter``; None where the engine cannot score (servers)."""
+        return None
 
     def use_layout(self, layout: LoraLayout) -> None:
         """Serve adapters of ``layout`` from now on (a sweep trial reusing this engine with

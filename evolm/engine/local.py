@@ -35,6 +35,7 @@ from evolm.engine.fast.runner import FastGenerator
 from evolm.engine.fast.slots import SlotGenerator
 from evolm.engine.fast.weights import unsupported_reason
 from evolm.engine.hf.generation import generate_tokens, strip_after_eos
+from evolm.engine.hf.kl import Scored, kl_along
 from evolm.engine.hf.multilora import attach, load_population
 from evolm.engine.kernels import FP8
 from evolm.errors import ConfigError
@@ -378,6 +379,33 @@ class LocalEngine(Engine):
             Completion(text, truncated=len(ids) == steps, token_ids=ids)
             for text, ids in zip(texts, kept, strict=True)
         ]
+
+    def kl_to_base(
+        self, prompts: Sequence[str], completions: Sequence[str], adapter: LoraPopulation
+    ) -> list[list[float]]:
+        """Per completion, the KL(adapted || base) of the next-token distributions that
+        produced it (:mod:`evolm.engine.hf.kl`): a teacher-forced forward of the transformers
+        modules with and without the adapter (the fast path's weights are theirs too; with
+        ``quantization=fp8`` the unquantized ones)."""
+        rows = [self._scored(p, c) for p, c in zip(prompts, completions, strict=True)]
+
+        def use(adapted: bool) -> None:
+            load_population(self.layers, adapter if adapted else None, self.device, self.dtype)
+
+        try:
+            return kl_along(self.model, rows, use, self.pad_id)
+        finally:
+            use(False)
+
+    def _scored(self, prompt: str, completion: str) -> Scored:
+        """A completion's ids as generated (a plain string: tokenized), plus the EOS step
+        unless it was cut at the budget."""
+        ids = getattr(completion, "token_ids", None)
+        if ids is None:
+            ids = self.tokenizer(completion, add_special_tokens=False)["input_ids"]
+        ended = getattr(completion, "truncated", None) is not True
+        prompt_ids = list(self.tokenizer(prompt)["input_ids"])
+        return Scored(prompt_ids, list(ids), len(ids) + ended)
 
     def generate_ids(
         self,

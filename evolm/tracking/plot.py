@@ -1,6 +1,7 @@
-"""figures/evolution.png: fitness mean with its 20th-80th percentile band and eval reward (top);
-below, the completions' diagnostics (:mod:`evolm.diagnostics`): empty and truncated shares,
-antithetic pair agreement, and the mean completion length on its own axis."""
+"""figures/evolution.png. Top: fitness mean with its 20th-80th percentile band, eval reward,
+and the mean's KL to the base model on its own axis. Below: the completions' diagnostics
+(:mod:`evolm.diagnostics`): empty and truncated shares, antithetic pair agreement, and the mean
+completion length on its own axis."""
 
 from __future__ import annotations
 
@@ -58,7 +59,18 @@ def plot_reward(ax: Axes, records: Sequence[dict[str, Any]]) -> None:
         )
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    kl = [
+        (r[M.GENERATION], r[M.EVAL_KL_MEAN]) for r in records if r.get(M.EVAL_KL_MEAN) is not None
+    ]
+    if kl:  # how far the mean is from the base model, next to what it gained
+        right = ax.twinx()
+        line = right.plot(*zip(*kl, strict=True), "s:", color="C5", label="KL to base, eval")
+        right.set_ylabel("KL(mean || base) per token", color="C5")
+        right.set_ylim(bottom=0)
+        handles, labels = handles + line, [*labels, "KL to base, eval"]
+    if handles:
+        ax.legend(handles, labels, loc="lower right")
 
 
 def plot_completions(ax: Axes, records: Sequence[dict[str, Any]]) -> None:
