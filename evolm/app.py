@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,19 @@ class Builder:
         return ConfigError(f"{group}.{name}", str(cause), fix)
 
 
+def check_objectives(names: Any) -> None:
+    """``optimized_metric`` is a metric name or a non-empty list of them."""
+    if isinstance(names, str):
+        return
+    if isinstance(names, Sequence) and names and all(isinstance(n, str) for n in names):
+        return
+    raise ConfigError(
+        "optimized_metric",
+        f"must be a metric name or a non-empty list of names, got {names!r}",
+        "e.g. optimized_metric=eval/reward_mean or '[eval/reward_mean,eval/kl_mean]'",
+    )
+
+
 def check_run_keys(cfg: DictConfig) -> None:
     if cfg.generations < 1:
         raise ConfigError(
@@ -109,6 +123,7 @@ def check_run_keys(cfg: DictConfig) -> None:
             f"must be >= 1, got {cfg.eval_every}",
             "e.g. eval_every=10 (the mean is also evaluated at start and end)",
         )
+    check_objectives(cfg.optimized_metric)
 
 
 def preflight(task: Task) -> None:
@@ -320,9 +335,10 @@ def run_callbacks(parts: Parts, comm: dist.Comm) -> list[Callback]:
     return [cb for cb in parts.callbacks.values() if cb.every_rank]
 
 
-def train(cfg: DictConfig) -> float:
+def train(cfg: DictConfig) -> float | list[float]:
     """Run one ES fine-tuning job described by ``cfg``, or continue the run ``cfg.resume``
-    from its latest valid checkpoint; returns ``cfg.optimized_metric``."""
+    from its latest valid checkpoint; returns ``cfg.optimized_metric`` (a list of values for a
+    list of names)."""
     comm = dist.current()  # joined by evolm.__main__ under torchrun/SLURM; else one process
     resuming = cfg.resume is not None
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
@@ -405,7 +421,15 @@ def on_device(state: ESState, comm: dist.Comm) -> ESState:
     return state
 
 
-def metric(summary: dict[str, Any], name: str) -> float:
+def metric(summary: dict[str, Any], name: str | Sequence[str]) -> float | list[float]:
+    """``summary[name]``, finite; for a list of names (a multi-objective sweep: es_pareto),
+    their values in that order."""
+    if not isinstance(name, str):
+        return [metric_value(summary, n) for n in name]
+    return metric_value(summary, name)
+
+
+def metric_value(summary: dict[str, Any], name: str) -> float:
     if name not in summary:
         raise ConfigError(
             "optimized_metric",

@@ -61,6 +61,8 @@ BAD = [
     ("task.max_new_tokens=0", "task.max_new_tokens"),
     ("generations=0", "generations"),
     ("server.dtype=fp8", "server.dtype"),
+    ("optimized_metric=[]", "optimized_metric"),
+    ("optimized_metric=[eval/reward_mean,[x]]", "optimized_metric"),
 ]
 
 
