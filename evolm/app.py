@@ -249,8 +249,8 @@ class Parts:
 
 
 def build_parts(build: Builder, cfg: DictConfig) -> Parts:
-    named = {f"callbacks.{k}": build("callbacks", c) for k, c in cfg.callbacks.items()}
-    named |= {f"logger.{k}": build("logger", c) for k, c in cfg.logger.items()}
+    named = {f"callbacks.{k}": build(f"callbacks.{k}", c) for k, c in cfg.callbacks.items()}
+    named |= {f"logger.{k}": build(f"logger.{k}", c) for k, c in cfg.logger.items()}
     task = build("task", cfg.task)
     if not isinstance(task, Task):
         raise ConfigError(

@@ -27,6 +27,7 @@ class Evaluation:
     score_s: float
     comm_s: float = 0.0  # a distributed evaluation's all-gather (and broadcast), in score_s
     diagnostics: dict[str, float] = field(default_factory=dict)  # evolm.diagnostics.summarize
+    scores: Scores = field(default_factory=dict)  # per completion, member-major rows
 
 
 def render(engine: Engine, example: Example) -> str:
@@ -86,6 +87,7 @@ def _evaluation(
         generate_s=generated - start,
         score_s=time.perf_counter() - generated,
         diagnostics=summarize(stats, scores, len(completions), n_prompts),
+        scores=scores,
     )
 
 

@@ -20,7 +20,7 @@ from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
 from evolm.es import ES, ESState, Population, TellStats
-from evolm.evaluate import Evaluation, evaluate, kl_to_base
+from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.norms import delta_norm
 from evolm.task.base import Task
@@ -60,6 +60,15 @@ class RunContext:
     tags: dict[str, str] = field(default_factory=dict)  # set by callbacks; trackers copy them
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One eval prompt (as the model saw it), the mean's completion and its scores."""
+
+    prompt: str
+    completion: str
+    scores: dict[str, float]
+
+
 class Callback:
     """Hooks called by :class:`ESLoop`; override what you need. ``record`` is one JSON line:
     ``generation`` plus namespaced metrics (``train/``, ``eval/``, ``es/``, ``time/``).
@@ -81,6 +90,10 @@ class Callback:
     def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None: ...
 
     def on_run_error(self, ctx: RunContext, error: BaseException) -> None: ...
+
+    def on_eval(self, ctx: RunContext, generation: int, samples: Sequence[Sample]) -> None:
+        """After each evaluation of the mean (before that generation's record is emitted):
+        the eval prompts this process generated (all, in one process), in order."""
 
 
 def latest_eval(history: Sequence[Record]) -> Record:
@@ -175,7 +188,8 @@ class ESLoop:
     comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
     base_norm: float | None = None  # of the adapted base weights: es/update_rel, es/mean_rel
 
-    def evaluate_mean(self, state: ESState) -> Record:
+    def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
+        """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, state.mean)
         examples = self.task.eval_examples()
@@ -184,7 +198,16 @@ class ESLoop:
         metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
         kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
         metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
-        return {**metrics, M.EVAL_S: time.perf_counter() - start}
+        mine = self.comm.shard(range(len(examples)))  # the rows this process generated
+        samples = [
+            Sample(
+                render(self.engine, examples[p]),
+                ev.completions[0][p],
+                {k: v[p] for k, v in ev.scores.items()},
+            )
+            for p in mine
+        ]
+        return {**metrics, M.EVAL_S: time.perf_counter() - start}, samples
 
     def weight_change(self, before: ESState, after: ESState) -> dict[str, float]:
         """es/update_rel and es/mean_rel (:mod:`evolm.lora.norms`): the update's and the mean's
@@ -248,16 +271,23 @@ class ESLoop:
     def _generations(self, state: ESState, ctx: RunContext) -> tuple[ESState, Record]:
         last_eval = latest_eval(ctx.history)
         if state.generation == 0:
-            last_eval = self.evaluate_mean(state)
+            last_eval = self._evaluate(ctx, state)
             self._emit(ctx, {M.GENERATION: 0, **last_eval}, state)
         while state.generation < self.generations:
             state, record = self.step(state)
             g = state.generation
             if g % self.eval_every == 0 or g == self.generations:
-                last_eval = self.evaluate_mean(state)
+                last_eval = self._evaluate(ctx, state)
                 record.update(last_eval)
             self._emit(ctx, record, state)
         return state, {M.GENERATION: state.generation, **last_eval}
+
+    def _evaluate(self, ctx: RunContext, state: ESState) -> Record:
+        """Evaluate the mean; its samples go to the callbacks' ``on_eval``."""
+        record, samples = self.evaluate_mean(state)
+        for cb in self.callbacks:
+            cb.on_eval(ctx, state.generation, samples)
+        return record
 
     def _emit(self, ctx: RunContext, record: Record, state: ESState) -> None:
         for cb in self.callbacks:

@@ -62,6 +62,7 @@ BAD = [
     ("generations=0", "generations"),
     ("server.dtype=fp8", "server.dtype"),
     ("optimized_metric=[]", "optimized_metric"),
+    ("callbacks.samples.count=-1", "callbacks.samples.count"),
     ("optimized_metric=[eval/reward_mean,[x]]", "optimized_metric"),
 ]
 
