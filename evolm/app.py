@@ -126,12 +126,12 @@ def check_run_keys(cfg: DictConfig) -> None:
     check_objectives(cfg.optimized_metric)
 
 
-def preflight(task: Task) -> None:
+def preflight(task: Task, group: str = "task") -> None:
     """The task's check of what it needs outside the process (``Task.preflight``)."""
     try:
         task.preflight()
     except ConfigError as e:
-        raise e.in_group("task") from None
+        raise e.in_group(group) from None
 
 
 def resolve_model(spec: Any) -> str:
@@ -240,6 +240,7 @@ class Parts:
     strategy: ES
     make_engine: Any
     callbacks: dict[str, Callback]  # "callbacks.<name>", then "logger.<name>"
+    extra_evals: dict[str, Task]  # also scored at every eval of the mean (forgetting check)
 
     @property
     def stateful(self) -> dict[str, Stateful]:
@@ -251,13 +252,8 @@ class Parts:
 def build_parts(build: Builder, cfg: DictConfig) -> Parts:
     named = {f"callbacks.{k}": build(f"callbacks.{k}", c) for k, c in cfg.callbacks.items()}
     named |= {f"logger.{k}": build(f"logger.{k}", c) for k, c in cfg.logger.items()}
-    task = build("task", cfg.task)
-    if not isinstance(task, Task):
-        raise ConfigError(
-            "task._target_",
-            f"{type(task).__qualname__} is not an evolm.task.Task",
-            "subclass evolm.task.Task (its optional hooks have defaults; docs/tasks.md)",
-        )
+    task = build_task(build, "task", cfg.task)
+    extra = {k: build_task(build, f"extra_evals.{k}", t) for k, t in cfg.extra_evals.items()}
     return Parts(
         task=task,
         model_spec=build("model", cfg.model),
@@ -265,7 +261,19 @@ def build_parts(build: Builder, cfg: DictConfig) -> Parts:
         strategy=build("es", cfg.es),
         make_engine=build("server", cfg.server),
         callbacks=named,
+        extra_evals=extra,
     )
+
+
+def build_task(build: Builder, group: str, node: Any) -> Task:
+    task = build(group, node)
+    if not isinstance(task, Task):
+        raise ConfigError(
+            f"{group}._target_",
+            f"{type(task).__qualname__} is not an evolm.task.Task",
+            "subclass evolm.task.Task (its optional hooks have defaults; docs/tasks.md)",
+        )
+    return task
 
 
 def restore(
@@ -324,6 +332,7 @@ def make_loop(
         callbacks=run_callbacks(parts, comm),
         comm=comm,
         base_norm=base_norm,
+        extra_evals=parts.extra_evals,
     )
 
 
@@ -357,6 +366,8 @@ def train(cfg: DictConfig) -> float | list[float]:
     checkpoint = restore(output_dir, stateful, run_identity(config), comm) if resuming else None
 
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
+    for name, extra in parts.extra_evals.items():
+        preflight(extra, f"extra_evals.{name}")
     model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
     limits.check_population_memory(layout.numel(), strategy.population_size)

@@ -112,6 +112,7 @@ class Config:
     tags: list[str] = field(default_factory=list)
     trusted_targets: list[str] = field(default_factory=lambda: ["evolm.*"])
     resume: str | None = None
+    extra_evals: dict[str, Any] = field(default_factory=dict)
 
 
 def choice(group: str, *, _root_: DictConfig) -> str:

@@ -80,6 +80,12 @@ def eval_score(key: str) -> str:
     return f"eval/{key}_mean"
 
 
+def extra_eval_score(name: str, key: str) -> str:
+    """A score of the mean on the extra eval task ``name`` (``extra_evals``), e.g.
+    ``eval/countdown/accuracy_mean``: what ES costs (or gains) on a task it does not train."""
+    return f"eval/{name}/{key}_mean"
+
+
 def train_diagnostic(key: str) -> str:
     """A diagnostic of the generation's population, e.g. ``train/empty_share``."""
     return f"train/{key}"
