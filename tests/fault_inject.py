@@ -42,6 +42,7 @@ def counter(n: int) -> Callable[[], bool]:
 
 def install(point: str, n: int) -> None:
     import evolm.checkpoint as ck
+    import evolm.files as files
     import evolm.lora.peft_io as peft_io
     import evolm.tracking.callbacks as cbs
     import evolm.tracking.mlflow as mlf
@@ -100,14 +101,20 @@ def install(point: str, n: int) -> None:
 
         peft_io.save_file = save
     elif point == "adapter-rename":  # the adapter complete in its temp dir, not renamed yet
-        replace = os.replace
+        # evolm.files.publish_dir renames the temp dir onto adapter/ (os.rename when new,
+        # os.replace when an older adapter is there): both are patched (the os module's own)
+        replace, rename = os.replace, os.rename
 
-        def renaming(src: Any, dst: Any) -> None:
-            if Path(dst).name == "adapter" and hit():
-                die()
-            replace(src, dst)
+        def renaming(move: Any) -> Any:
+            def renamed(src: Any, dst: Any) -> None:
+                if Path(dst).name == "adapter" and hit():
+                    die()
+                move(src, dst)
 
-        peft_io.os.replace = renaming  # type: ignore[assignment]
+            return renamed
+
+        files.os.replace = renaming(replace)  # type: ignore[assignment]
+        files.os.rename = renaming(rename)  # type: ignore[assignment]
     elif point == "results":  # results.jsonl's last line half written
 
         def append(self: Any, ctx: Any, record: Any, state: Any) -> None:

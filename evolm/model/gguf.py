@@ -135,13 +135,11 @@ class GGUFModel:
 
     def fingerprint(self) -> str:
         """A short hash of the conversion's output: the GGUF's pinned sha256, dtype, build."""
-        w = MODELS[self.name]
-        blob = json.dumps({"build": w.build, "dtype": w.dtype, "sha256": w.sha256}).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
+        return fingerprint(self.name)
 
     def model_dir(self) -> Path:
         """Where the converted checkpoint lives (it may not be converted yet)."""
-        return cache_root(self.cache_dir) / "models" / f"{self.name}-{self.fingerprint()}"
+        return checkpoint_dir(self.name, self.cache_dir)
 
     def resolve(self) -> str:
         """The converted checkpoint's directory, converted on first use (atomically)."""
@@ -283,3 +281,16 @@ def _portable_tokenizer_config(path: Path) -> None:
     for key in ("is_local", "local_files_only"):
         config.pop(key, None)
     path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def fingerprint(name: str) -> str:
+    """A short hash of model ``name``'s conversion: its GGUF's pinned sha256, dtype and build
+    (not where the file came from: packages and ``gguf_file`` give the same checkpoint)."""
+    w = MODELS[name]
+    blob = json.dumps({"build": w.build, "dtype": w.dtype, "sha256": w.sha256}).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def checkpoint_dir(name: str, cache_dir: str | None = None) -> Path:
+    """Where model ``name``'s converted checkpoint lives (it may not be converted yet)."""
+    return cache_root(cache_dir) / "models" / f"{name}-{fingerprint(name)}"
