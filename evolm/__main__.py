@@ -4,7 +4,9 @@ python -m evolm task=conciseness es.sigma=0.01 lora.rank=2 es.population_size=16
 
 A run that fails on a known cause logs one message and exits non-zero without a traceback
 (``HYDRA_FULL_ERROR=1`` shows it): bad configuration 2, aborted on purpose 3, a service that
-stays down 4. A run that fails before it started leaves no run directory behind.
+stays down 4. A run that fails before it started leaves no run directory behind. SIGINT and
+SIGTERM stop a run cleanly (:mod:`evolm.interrupt`): its last finished generation is
+checkpointed, the resume command logged, and the exit code is 130 or 143 (128 + the signal).
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
-from evolm import dist, sweep  # noqa: F401  (sweep registers its ${evolm_sweep_seed:...} resolver)
+from evolm import (
+    dist,
+    interrupt,
+    sweep,  # noqa: F401  (registers its ${evolm_sweep_seed:...} resolver)
+)
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
 from evolm.trust import hydra_whitelist, precheck
 
@@ -55,9 +62,27 @@ def job(cfg: DictConfig) -> float:
         if cfg.resume is None and dist.current().rank == 0:
             remove_unstarted(Path(cfg.output_dir))
         raise SystemExit(EXIT[kind]) from None
+    except BaseException as e:
+        stop = None if isinstance(e, SystemExit) else interrupt.interruption(e)
+        if stop is None or in_multirun():
+            raise  # a sweep ends on Ctrl-C / SIGTERM
+        stopped(cfg, stop)
     finally:
         if joined:
             dist.teardown()
+
+
+def stopped(cfg: DictConfig, stop: interrupt.Interrupted) -> NoReturn:
+    """End a run stopped by SIGINT/SIGTERM: the resume command of a started run, no traceback,
+    exit ``128 + signal``."""
+    run_dir = Path(cfg.output_dir)
+    if cfg.resume is not None or (run_dir / "config.yaml").exists():
+        log.error("run stopped by %s; continue it: python -m evolm resume=%s", stop.name, run_dir)
+    else:
+        log.error("stopped by %s before the run started", stop.name)
+        if dist.current().rank == 0:
+            remove_unstarted(run_dir)
+    raise SystemExit(stop.exit_code) from None
 
 
 def remove_unstarted(run_dir: Path) -> None:
@@ -81,6 +106,7 @@ def main() -> None:
     with several processes, it joins the process group first (:mod:`evolm.dist`), so every rank
     shares rank 0's clock (``${evolm.now:...}``: one run directory)."""
     argv = sys.argv[1:]
+    interrupt.install()  # SIGTERM stops a run like Ctrl-C: checkpoint, MLflow KILLED, resume
     try:
         whitelist = hydra_whitelist(argv)
         precheck(argv, whitelist)
