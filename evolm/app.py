@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
-from evolm import dist, limits, trust
+from evolm import agreement, dist, limits, trust
 from evolm.checkpoint import (
     CHECKPOINT_DIR,
     Checkpoint,
@@ -302,6 +302,8 @@ def train(cfg: DictConfig) -> float:
     stateful = parts.stateful
     output_dir = Path(cfg.output_dir)
     config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    run_wide = {"generations": cfg.generations, "eval_every": cfg.eval_every}
+    agreement.check_ranks_agree(comm, run_identity(config) | run_wide, parts.task, cfg.generations)
     checkpoint = restore(output_dir, stateful, run_identity(config), comm) if resuming else None
 
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
