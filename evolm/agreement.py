@@ -18,26 +18,18 @@ from typing import Any
 
 from evolm.dist import Comm
 from evolm.errors import ConfigError
-from evolm.task.base import Example, Task
-
-MAX_FINGERPRINT_GENERATIONS = 1000
-"""The training prompts of at most this many generations go into the data fingerprint."""
+from evolm.task.base import Task, run_examples
 
 
 def data_fingerprint(task: Task, generations: int) -> str:
-    """SHA-256 of the prompts and references the run uses: the eval split and the training
-    prompts of generations 1 .. ``generations`` (at most :data:`MAX_FINGERPRINT_GENERATIONS`)."""
+    """SHA-256 of the prompts and references the run uses (:func:`~evolm.task.base.run_examples`:
+    the eval split and the training prompts of each generation, up to 1,000)."""
     digest = hashlib.sha256()
-
-    def add(examples: list[Example]) -> None:
-        for example in examples:
-            digest.update(json.dumps(asdict(example), sort_keys=True, default=repr).encode())
-            digest.update(b"\n")
-
-    add(task.eval_examples())
-    for generation in range(1, min(generations, MAX_FINGERPRINT_GENERATIONS) + 1):
+    for generation, examples in run_examples(task, generations):
         digest.update(b"generation %d\n" % generation)
-        add(task.train_examples(generation))
+        for example in examples:
+            content = {k: v for k, v in asdict(example).items() if k != "source"}  # not where
+            digest.update(json.dumps(content, sort_keys=True, default=repr).encode() + b"\n")
     return digest.hexdigest()
 
 

@@ -309,6 +309,7 @@ def train(cfg: DictConfig) -> float:
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
     model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
+    limits.check_prompts_fit(model_path, parts.task, cfg.generations)  # the model's context
     limits.check_population_memory(layout.numel(), strategy.population_size)
     if checkpoint is not None:
         check_shapes(checkpoint, layout.shapes())

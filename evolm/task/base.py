@@ -8,7 +8,7 @@ Tasks maximise reward.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -30,6 +30,7 @@ class Example:
     prompt: str | Sequence[Message]
     reference: Mapping[str, Any] = field(default_factory=dict)
     assistant_prefix: str = ""
+    source: str = ""  # where it comes from, for messages: ``train.jsonl:17``
 
 
 Scores = dict[str, list[float]]
@@ -78,6 +79,19 @@ class Task(Protocol):
         return {}
 
 
+CHECKED_GENERATIONS = 1000
+"""Checks before a run (same data on every rank, prompts that fit the context) look at the
+training prompts of at most this many generations."""
+
+
+def run_examples(task: Task, generations: int) -> Iterator[tuple[int, list[Example]]]:
+    """``(0, eval examples)``, then ``(g, train_examples(g))`` for the run's generations (at
+    most :data:`CHECKED_GENERATIONS`): the prompts a run of ``generations`` uses."""
+    yield 0, task.eval_examples()
+    for generation in range(1, min(generations, CHECKED_GENERATIONS) + 1):
+        yield generation, task.train_examples(generation)
+
+
 MAX_RECORD_CHARS = 32_768
 """The longest record (one JSON line, or a Countdown prompt) a data file may hold: prompts
 longer than this would stall generation (prefill grows with the square of the length)."""
@@ -111,6 +125,13 @@ def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict
 
     ``key`` is the config key that named the file, so errors say what to change.
     """
+    return [record for _, record in read_jsonl_lines(path, key, required)]
+
+
+def read_jsonl_lines(
+    path: str | Path, key: str, required: Sequence[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`read_jsonl` with each record's place, ``<file>:<line>``."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(
@@ -142,7 +163,7 @@ def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict
                 f"{p}:{n} lacks field(s) {missing}",
                 f"give every record the fields {list(required)}",
             )
-        records.append(rec)
+        records.append((f"{p}:{n}", rec))
     if not records:
         raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
     return records

@@ -85,11 +85,13 @@ class Countdown(Task):
         self.samples_per_generation = samples_per_generation
         records = self._records(data_file, generate_count, seed)
         self._check_sizes(len(records), train_size, samples_per_generation, eval_samples)
-        self.train = [self._example(r) for r in records[:train_size]]
-        test = records[train_size:]
+        where = f"{data_file} record" if data_file else f"generated (seed {seed}) puzzle"
+        examples = [self._example(r, f"{where} {i}") for i, r in enumerate(records)]
+        self.train = examples[:train_size]
+        test = examples[train_size:]
         if eval_samples is not None and eval_samples > len(test):
             log.warning("eval_samples=%d > %d test records: using all", eval_samples, len(test))
-        self.eval = [self._example(r) for r in test[:eval_samples]]
+        self.eval = test[:eval_samples]
 
     @staticmethod
     def _records(data_file: str | None, generate_count: int, seed: int) -> list[dict[str, Any]]:
@@ -119,13 +121,13 @@ class Countdown(Task):
         if eval_samples is not None:
             _positive("eval_samples", eval_samples, "e.g. 32, or null for the whole test split")
 
-    def _example(self, record: dict[str, Any]) -> Example:
+    def _example(self, record: dict[str, Any], source: str) -> Example:
         text = paper_prompt(record["numbers"], record["target"])
         reference = {"numbers": list(record["numbers"]), "target": record["target"]}
         if not self.chat_template:
-            return Example(prompt=text, reference=reference)
+            return Example(prompt=text, reference=reference, source=source)
         messages, prefix = chat_messages(text)
-        return Example(prompt=messages, reference=reference, assistant_prefix=prefix)
+        return Example(prompt=messages, reference=reference, assistant_prefix=prefix, source=source)
 
     def train_examples(self, generation: int) -> list[Example]:
         return cycling_window(self.train, generation, self.samples_per_generation)
