@@ -72,6 +72,12 @@ class Task(Protocol):
     batch-dependent scorer): the ranks all-gather the completions, rank 0 scores the whole
     population in one call, as one process does, and broadcasts the scores."""
 
+    def data_stats(self) -> dict[str, float]:
+        """Numbers about the task's data (Countdown: ``train_test_overlap``, the eval puzzles
+        that are also training puzzles), logged once, in generation 0's record, as
+        ``data/<name>``."""
+        return {}
+
     def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:
         """Called after each generation's ES update with the mean of every score key over all
         its completions (``{"reward": ..., "cost": ...}``). It may adapt task state (the scorer

@@ -47,6 +47,18 @@ def _positive(key: str, value: int, fix: str) -> None:
         raise ConfigError(key, f"must be >= 1, got {value}", fix)
 
 
+def puzzle_key(example: Example) -> tuple[tuple[int, ...], str]:
+    """A puzzle whatever the order of its numbers: (sorted numbers, target)."""
+    ref = example.reference
+    return tuple(sorted(ref["numbers"])), str(ref["target"])
+
+
+def train_test_overlap(train: Sequence[Example], test: Sequence[Example]) -> int:
+    """How many ``test`` puzzles are also ``train`` puzzles (numbers in any order)."""
+    seen = {puzzle_key(e) for e in train}
+    return sum(puzzle_key(e) in seen for e in test)
+
+
 class Countdown(Task):
     """The Countdown task.
 
@@ -92,6 +104,16 @@ class Countdown(Task):
         if eval_samples is not None and eval_samples > len(test):
             log.warning("eval_samples=%d > %d test records: using all", eval_samples, len(test))
         self.eval = test[:eval_samples]
+        self.overlap = train_test_overlap(self.train, self.eval)
+        if self.overlap:
+            log.warning(
+                "%s: %d of the %d eval puzzles are also training puzzles (same numbers and "
+                "target): eval/* is not a held-out score (data/train_test_overlap in the "
+                "results). Fix: drop the repeats from one split",
+                data_file or "the generated puzzles",
+                self.overlap,
+                len(self.eval),
+            )
 
     @staticmethod
     def _records(data_file: str | None, generate_count: int, seed: int) -> list[dict[str, Any]]:
@@ -131,6 +153,9 @@ class Countdown(Task):
 
     def train_examples(self, generation: int) -> list[Example]:
         return cycling_window(self.train, generation, self.samples_per_generation)
+
+    def data_stats(self) -> dict[str, float]:
+        return {"train_test_overlap": float(self.overlap)}
 
     def eval_examples(self) -> list[Example]:
         return self.eval
