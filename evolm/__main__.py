@@ -28,7 +28,9 @@ from evolm import (
     interrupt,
     sweep,  # noqa: F401  (registers its ${evolm_sweep_seed:...} resolver)
 )
+from evolm.compose_check import check_command_line
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
+from evolm.rundir import LOCK
 from evolm.trust import hydra_whitelist, precheck
 
 log = logging.getLogger("evolm")
@@ -46,6 +48,8 @@ def job(cfg: DictConfig) -> float:
     from evolm.app import train
     from evolm.server.pool import in_multirun
 
+    what = "run directory (resumed):" if cfg.resume is not None else "run directory:"
+    log.info("%s %s", what, cfg.output_dir)  # first: a run logging to a file says where it is
     joined = False
     if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
         dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
@@ -87,10 +91,11 @@ def stopped(cfg: DictConfig, stop: interrupt.Interrupted) -> NoReturn:
 
 def remove_unstarted(run_dir: Path) -> None:
     """Delete the run directory Hydra made for a run that failed before it started: it holds
-    only Hydra's ``.hydra/`` and log files (a started run has its ``config.yaml``)."""
+    only Hydra's ``.hydra/``, log files and the run's lock (a started run has its
+    ``config.yaml``)."""
     if not run_dir.is_dir() or (run_dir / "config.yaml").exists():
         return
-    if any(p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()):
+    if any(p.name not in (".hydra", LOCK) and p.suffix != ".log" for p in run_dir.iterdir()):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     log.info("removed %s: the run did not start", run_dir)
@@ -110,6 +115,8 @@ def main() -> None:
     try:
         whitelist = hydra_whitelist(argv)
         precheck(argv, whitelist)
+        if os.environ.get("HYDRA_FULL_ERROR") != "1":  # else Hydra's own error and traceback
+            check_command_line(argv, CONF_DIR)
     except ConfigError as e:
         sys.stderr.write(f"bad configuration: {e}\n")  # before Hydra sets up logging
         raise SystemExit(2) from None

@@ -30,6 +30,7 @@ from evolm.checkpoint import (
     latest_checkpoint,
     run_identity,
 )
+from evolm.compose_check import closest
 from evolm.config import Config
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
@@ -68,12 +69,7 @@ class Builder:
         if isinstance(cause, ConfigError):
             return cause.in_group(group)
         if isinstance(cause, TypeError) and "argument" in str(cause):
-            named = re.search(r"argument '(\w+)'", str(cause))
-            return ConfigError(
-                f"{group}.{named.group(1)}" if named else group,
-                str(cause),
-                f"check {group}'s keys: `python -m evolm --cfg job --package {group}` shows them",
-            )
+            return self._bad_argument(group, node, cause)
         if "execution whitelist" in str(e):
             return ConfigError(
                 f"{group}._target_",
@@ -81,6 +77,24 @@ class Builder:
                 "add its package to trusted_targets, e.g. 'trusted_targets=[evolm.*,mypkg.*]'",
             )
         return e
+
+    @staticmethod
+    def _bad_argument(group: str, node: Any, cause: TypeError) -> ConfigError:
+        """``+es.sigmaa=0.1``: the key as written and, for an unknown one, the closest keys."""
+        named = re.search(r"argument '(\w+)'", str(cause))
+        listing = f"`python -m evolm --cfg job --package {group}` shows them"
+        if named is None:
+            return ConfigError(group, str(cause), f"check {group}'s keys: {listing}")
+        name = named.group(1)
+        near = (
+            closest(name, [str(k) for k in node if k != name]) if "unexpected" in str(cause) else []
+        )
+        fix = (
+            f"did you mean {' or '.join(f'{group}.{k}' for k in near)}? ({listing})"
+            if near
+            else f"check {group}'s keys: {listing}"
+        )
+        return ConfigError(f"{group}.{name}", str(cause), fix)
 
 
 def check_run_keys(cfg: DictConfig) -> None:

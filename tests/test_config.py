@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hydra.errors import ConfigCompositionException
 from evolm.app import Builder, train
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
+from evolm.model.gguf_weights import MODELS, locate
 from tests.helpers import REPO, compose_config, run_cli
 
 GROUPS = ["task", "model", "lora", "es", "server", "callbacks", "logger"]
@@ -25,6 +27,10 @@ def test_every_option_composes_and_builds(group: str, option: str, tmp_path: Pat
     cfg = compose_config([f"{group}={option}", f"output_dir={tmp_path}"])
     build = Builder(tuple(cfg.trusted_targets))
     node = cfg[group]
+    if group == "model" and option in MODELS and locate(MODELS[option])[1]:
+        with pytest.raises(ConfigError, match=f"make {MODELS[option].make_target} "):
+            build(group, node)  # its weights are an optional install: it says which
+        return
     if group in ("callbacks", "logger"):
         objs = [build(group, c) for c in node.values()]
         assert all(o is not None for o in objs)
@@ -92,10 +98,38 @@ def test_cli_reports_one_clear_message(tmp_path: Path) -> None:
     assert "Traceback" not in out
 
 
-def test_cli_unknown_key_names_it(tmp_path: Path) -> None:
-    proc = run_cli(["es.sigmaa=1", f"hydra.run.dir={tmp_path}"], timeout=120)
-    assert proc.returncode != 0
-    assert "Could not override 'es.sigmaa'" in proc.stderr
+MISSPELT = {
+    "key": (["es.sigmaa=0.1"], r"es\.sigmaa: no such key in es\. Fix: did you mean es\.sigma\? "),
+    "key-multirun": (["-m", "es.sigmaa=0.1"], r"es\.sigmaa: no such key in es\. Fix: did you mean"),
+    "option": (
+        ["task=countdwn"],
+        r"task: no option 'countdwn'; available: conciseness, countdown, scorer\. "
+        r"Fix: did you mean task=countdown\?",
+    ),
+    "option-far": (["es=nope"], r"es: no option 'nope'; available: default, openai, paper\. Fix"),
+    "hydra-key": (["hydra.run.dirr=x"], r"hydra\.run\.dirr: .* did you mean hydra\.run\.dir\?"),
+    "value": (["lora.rank=abc"], r"lora\.rank: Value 'abc' .* could not be converted to Integer"),
+    # `+` adds the key: composition passes, the constructor refuses it
+    "added-key": (
+        ["+es.sigmaa=0.1", "logger=none"],
+        r"es\.sigmaa: .*unexpected keyword argument 'sigmaa'\. Fix: did you mean es\.sigma\? ",
+    ),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), MISSPELT.values(), ids=MISSPELT.keys())
+def test_cli_misspelt_key_or_option_is_bad_configuration(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    """Exit 2 (bad configuration, docs/robustness.md), one message naming the key as written and
+    only the right one (not Hydra's ``+es.sigmaa=0.1`` hint, nor its ``Builds_ES``)."""
+    proc = run_cli(args, timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert re.search(f"bad configuration: {message}", out), out[-3000:]
+    assert "Builds_" not in out and "Traceback" not in out
+    assert "+es.sigmaa" not in out  # Hydra's hint adds the misspelt key
+    assert not list((tmp_path / "outputs").rglob("*.yaml")), "nothing of a run is left"
 
 
 def test_sglang_adapter_slots_default_to_population_plus_one(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
+from evolm.model.gguf_weights import MODELS, locate
 from evolm.model.spec import CACHE_ENV, TINY_BUILD_VERSION, _build_atomically
 from evolm.model.tiny import build_tiny_model
 from tests.conftest import COUNTDOWN_TINY
@@ -282,6 +283,10 @@ def test_specs_load_nothing() -> None:
 def test_model_yaml_instantiates(name: str) -> None:
     cfg = OmegaConf.load(CONF_MODEL / f"{name}.yaml")
     assert cfg.pop("defaults")[-1] == "_self_"
+    if name in MODELS and locate(MODELS[name])[1]:  # optional weights, not installed
+        with pytest.raises(ConfigError, match=f"make {MODELS[name].make_target} "):
+            instantiate(cfg, _execution_whitelist_=["evolm.*"])
+        return
     spec = instantiate(cfg, _execution_whitelist_=["evolm.*"])
     assert isinstance(spec, ModelSpec)
     if isinstance(spec, TinyModel):

@@ -10,9 +10,11 @@ from typing import Any
 import optuna
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow import MlflowClient
-from omegaconf import read_write
+from omegaconf import OmegaConf, read_write
 from optuna.trial import TrialState
 
 from evolm.engine.local import LocalEngine
@@ -25,7 +27,7 @@ from evolm.server.remote import RemoteEngine
 from evolm.sweep.callback import check_rank_cover, search_space
 from evolm.sweep.study import resume_seed
 from evolm.tracking.sweep import KEY_TAG
-from tests.helpers import CONF, run_cli
+from tests.helpers import CONF, compose_config, run_cli
 
 TINY_BUDGET = ["generations=2", "es.population_size=4", "task.max_new_tokens=8", "eval_every=1"]
 
@@ -234,9 +236,29 @@ def test_overlay_composes_with_the_search_space() -> None:
     assert sweeper.max_failure_rate == 1.0
     assert sweeper.storage == "sqlite:///outputs/optuna.db"
     space = search_space(cfg)
-    assert space["es.sigma"] == "tag(log, interval(0.005, 0.2))"
+    assert space["es.sigma"] == "tag(log, interval(0.0005, 0.05))"
     assert space["lora.rank"] == "choice(2,4)", "the command line replaces a range"
     assert space["es.alpha"] == "0.01", "a plain value fixes a key"
+
+
+def test_search_space_holds_the_defaults_and_the_papers_step() -> None:
+    """Every searched key's default (conf/es/default.yaml, conf/lora/default.yaml) lies inside
+    its range, as do the paper's sigma and alpha: a sweep can find the default run (it could
+    not: alpha was searched in 0.003-0.3 around a default of 0.6)."""
+    defaults = compose_config()
+    params = yaml.safe_load((Path(CONF) / "hparams_search" / "es_optuna.yaml").read_text())
+    space = params["hydra"]["sweeper"]["params"]
+    assert set(space) == {"es.sigma", "es.alpha", "lora.init_scale", "lora.rank"}
+    paper = {"es.sigma": 0.001, "es.alpha": 0.5}  # es.update=natural: alpha 0.5 = 5e-4 / sigma
+    for key, expression in space.items():
+        [o] = OverridesParser.create().parse_overrides([f"{key}={expression}"])
+        values = [OmegaConf.select(defaults, key), *([paper[key]] if key in paper else [])]
+        for value in values:
+            if o.is_interval_sweep():
+                sweep = o.value()
+                assert sweep.start < value < sweep.end, (key, value, expression)
+            else:
+                assert value in list(o.sweep_iterator()), (key, value, expression)
 
 
 def test_persistent_server_rank_must_cover_the_search() -> None:

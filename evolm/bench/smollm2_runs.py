@@ -5,7 +5,7 @@ For the GPU machines (torch, transformers, safetensors, triton; no hydra, omegac
 network): the run's objects are built here in Python, as :mod:`evolm.app` would from the config,
 and driven by the same :class:`~evolm.loop.ESLoop` and local engine (fast path, CUDA graphs).
 The model comes from ``--model-dir`` (a converted checkpoint) or ``--gguf`` (SmolLM2's GGUF,
-converted here with :class:`~evolm.model.SmolLM2Model`; needs the ``gguf`` package).
+converted here with :class:`~evolm.model.GGUFModel`; needs the ``gguf`` package).
 
 Setups (the paper's tasks, prompts, rewards and greedy decoding; ES over LoRA, population 30):
 
@@ -175,9 +175,10 @@ def table(rows: Sequence[dict[str, Any]], header: str) -> str:
 def resolve_model(args: argparse.Namespace) -> str:
     if args.model_dir:
         return str(args.model_dir)
-    from evolm.model import SmolLM2Model
+    from evolm.model import GGUFModel
 
-    return SmolLM2Model(gguf_file=args.gguf, cache_dir=args.cache_dir).resolve()
+    name = "smollm2-135m-instruct"
+    return GGUFModel(name, gguf_file=args.gguf, cache_dir=args.cache_dir).resolve()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

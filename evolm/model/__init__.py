@@ -6,8 +6,15 @@ Importing this package loads neither torch nor transformers; ``resolve()`` and
 
 from __future__ import annotations
 
+from evolm.model.gguf import GGUFModel, SmolLM2Model
 from evolm.model.loading import load_causal_lm
-from evolm.model.smollm2 import SmolLM2Model
 from evolm.model.spec import HubModel, ModelSpec, TinyModel
 
-__all__ = ["HubModel", "ModelSpec", "SmolLM2Model", "TinyModel", "load_causal_lm"]
+__all__ = [
+    "GGUFModel",
+    "HubModel",
+    "ModelSpec",
+    "SmolLM2Model",
+    "TinyModel",
+    "load_causal_lm",
+]

@@ -149,6 +149,7 @@ def pretrain(
     n_short = kinds.count("short")
     loss = torch.tensor(float("nan"))
     used = dict.fromkeys(batches, 0)
+    done, report_every = 0, max(1, steps // 10)  # a log line every 10% of the steps
     # two phases, each with its own one-cycle schedule: the short countdown block, then the rest
     for phase in (kinds[:n_short], kinds[n_short:]):
         if not phase:
@@ -165,6 +166,9 @@ def pretrain(
             loss.backward()
             opt.step()
             sched.step()
+            done += 1
+            if done % report_every == 0 and done < steps:
+                logger.info("tiny model warm-up: step %d/%d, loss %.3f", done, steps, loss.item())
     model.eval()
     logger.info(
         "tiny model warm-up: %d steps (%d on countdown), final loss %.3f",

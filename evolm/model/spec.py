@@ -210,6 +210,11 @@ class TinyModel:
         """The model directory, built on first use (atomically; safe across processes)."""
         target = self.model_dir()
         if not (target / "config.json").is_file():
+            logger.info(
+                "building the tiny model %s (%d warm-up steps; once: later runs load it)",
+                target,
+                self.warmup_steps,
+            )
             _build_atomically(self, target)
         return str(target)
 

@@ -81,10 +81,16 @@ class EvolutionPlot(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar over generations showing fitness and the latest eval reward."""
+    """A tqdm bar over generations showing fitness and the latest eval reward.
 
-    def __init__(self, disable: bool | None = None) -> None:
+    Where the bar is not drawn (its stream, stderr, is not a terminal: output redirected to a
+    file or a pipe, or ``disable``), it logs one concise line every ``log_every`` generations
+    instead (and the first and last): generation, fitness mean and std, eval reward, seconds.
+    """
+
+    def __init__(self, disable: bool | None = None, log_every: int = 1) -> None:
         self.disable = disable
+        self.log_every = max(1, log_every)
         self.bar: tqdm | None = None
         self.postfix: dict[str, str] = {}
 
@@ -116,6 +122,9 @@ class ProgressBar(Callback):
         if M.FITNESS_MEAN in record:
             self.bar.update(1)
         self.bar.set_postfix(self.postfix)
+        g = int(record[M.GENERATION])
+        if self.bar.disable and (g % self.log_every == 0 or g in (1, ctx.generations)):
+            log.info("%s", progress_line(record, ctx.generations))
 
     def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
         if self.bar is not None:
@@ -124,6 +133,18 @@ class ProgressBar(Callback):
     def on_run_error(self, ctx: RunContext, error: BaseException) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def progress_line(record: Record, generations: int) -> str:
+    """``generation 3/40: fitness 0.1234 (std 0.0456), eval reward 0.2100, 1.3 s``."""
+    parts = []
+    if M.FITNESS_MEAN in record:
+        parts.append(f"fitness {record[M.FITNESS_MEAN]:.4g} (std {record[M.FITNESS_STD]:.4g})")
+    if M.EVAL_REWARD in record:
+        parts.append(f"eval reward {record[M.EVAL_REWARD]:.4g}")
+    seconds = record.get(M.GENERATION_S, 0.0) + record.get(M.EVAL_S, 0.0)
+    parts.append(f"{seconds:.1f} s")
+    return f"generation {record[M.GENERATION]}/{generations}: {', '.join(parts)}"
 
 
 class AdapterWriter(Callback):

@@ -22,6 +22,7 @@ run, re-sends the records the interrupted process had not sent and skips those i
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import time
@@ -110,6 +111,13 @@ class MLflowLogger(Callback):
             raise ConfigError("backoff_s", f"must be >= 0, got {backoff_s}", "e.g. 1.0")
         if timeout_s < 1:
             raise ConfigError("timeout_s", f"must be >= 1, got {timeout_s}", "e.g. 10")
+        if importlib.util.find_spec("mlflow") is None:  # a retry cannot install it
+            raise ConfigError(
+                "_target_",
+                "logger=mlflow (the default) logs the run to MLflow, which is not installed",
+                "pip install mlflow==3.17.2 (evolm's full install has it), or run with "
+                "logger=none (e.g. on an offline machine: docs/offline.md)",
+            )
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name = run_name
