@@ -8,6 +8,8 @@ Tasks maximise reward.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +128,29 @@ def check_record_size(text: str, where: str, key: str) -> None:
         )
 
 
+def parse_json(text: str, path: Path, first_line: int, key: str, fix: str) -> Any:
+    """``json.loads(text)`` of lines ``first_line...`` of the data file ``path``, or one
+    ConfigError naming the file and line: invalid JSON, or an integer of more digits than Python
+    converts (``sys.get_int_max_str_digits()``, 4300: json raised a bare ValueError)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"{path}:{first_line + e.lineno - 1}"
+        raise ConfigError(key, f"{where} is not valid JSON ({e.msg})", fix) from None
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        limit = sys.get_int_max_str_digits()
+        found = re.search(rf"\d{{{limit + 1},}}", text) if limit else None
+        if found is None:
+            raise ConfigError(key, f"{path}: {e}", fix) from None
+        where = f"{path}:{first_line + text.count(chr(10), 0, found.start())}"
+        raise ConfigError(
+            key,
+            f"{where} holds a number of {len(found.group())} digits, more than the {limit} "
+            "Python reads",
+            "write such a value as a string, or drop it",
+        ) from None
+
+
 def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict[str, Any]]:
     """Read a JSON-lines file whose records must carry ``required`` fields.
 
@@ -150,12 +175,7 @@ def read_jsonl_lines(
         if not line.strip():
             continue
         check_record_size(line, f"{p}:{n}", key)
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                key, f"{p}:{n} is not valid JSON ({e.msg})", "write one JSON object per line"
-            ) from None
+        rec = parse_json(line, p, n, key, "write one JSON object per line")
         if not isinstance(rec, dict):
             raise ConfigError(
                 key,
