@@ -50,12 +50,14 @@ def job(cfg: DictConfig) -> float:
 
     what = "run directory (resumed):" if cfg.resume is not None else "run directory:"
     log.info("%s %s", what, cfg.output_dir)  # first: a run logging to a file says where it is
-    joined = False
+    joined = finished = False
     if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
         dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
         joined = True
     try:
-        return train(cfg)
+        value = train(cfg)
+        finished = True
+        return value
     except (ConfigError, RunAborted, ServiceUnavailable) as e:
         kind = next(k for k in EXIT if isinstance(e, k))
         log.error("%s: %s", WHAT[kind], e)
@@ -73,7 +75,7 @@ def job(cfg: DictConfig) -> float:
         stopped(cfg, stop)
     finally:
         if joined:
-            dist.teardown()
+            dist.teardown(finished)
 
 
 def stopped(cfg: DictConfig, stop: interrupt.Interrupted) -> NoReturn:
@@ -135,10 +137,12 @@ def main() -> None:
                 "hydra.job_logging.handlers.file.filename="
                 f"${{hydra.runtime.output_dir}}/rank{launch.rank}.log",
             ]
+    finished = False
     try:
         hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=whitelist)(job)()
+        finished = True
     finally:
-        dist.teardown()
+        dist.teardown(finished)  # every rank leaves the group together, before interpreter exit
 
 
 if __name__ == "__main__":
