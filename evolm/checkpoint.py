@@ -246,8 +246,9 @@ class Checkpointer(Callback):
         self.every = every
         self.keep = keep
         self.records: list[Record] = []
-        # the newest finished generation not yet saved, with its task and callback state
-        self.unsaved: tuple[ESState, dict[str, dict[str, Any]]] | None = None
+        # the newest finished generation not yet saved: its state, the task and callback state
+        # and how many records it has
+        self.unsaved: tuple[ESState, dict[str, dict[str, Any]], int] | None = None
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self.records, self.unsaved = list(ctx.history), None
@@ -258,29 +259,31 @@ class Checkpointer(Callback):
         if g == 0:
             return
         extra = {name: obj.state_dict() for name, obj in ctx.stateful.items()}
-        self.unsaved = (state, extra)
+        self.unsaved = (state, extra, len(self.records))
         if g % self.every == 0 or g == ctx.generations:
-            self.save(ctx, state, extra)
+            self.save(ctx, state, extra, len(self.records))
 
     def on_run_error(self, ctx: RunContext, error: BaseException) -> None:
         stop = interruption(error)
         if stop is None or self.unsaved is None:
             return
-        state, extra = self.unsaved
+        state, extra, count = self.unsaved
         try:
-            path = self.save(ctx, state, extra)
+            path = self.save(ctx, state, extra, count)
         except RunAborted as e:  # the disk is full: the interruption stays the error
             log.error("%s", e)
             return
         log.info("%s: saved generation %d (%s)", stop.name, state.generation, path)
 
-    def save(self, ctx: RunContext, state: ESState, extra: dict[str, dict[str, Any]]) -> Path:
+    def save(
+        self, ctx: RunContext, state: ESState, extra: dict[str, dict[str, Any]], count: int
+    ) -> Path:
+        """Checkpoint ``state`` with ``extra`` and the first ``count`` records."""
         g = state.generation
         directory = Path(ctx.output_dir) / CHECKPOINT_DIR
         try:
             run = run_identity(ctx.config)
-            records = [r for r in self.records if r["generation"] <= g]  # an interrupted append
-            path = save_checkpoint(directory, state, records, extra, run)
+            path = save_checkpoint(directory, state, self.records[:count], extra, run)
         except OSError as e:  # e.g. ENOSPC: the partial files are removed
             found = checkpoints(directory)
             last = f"the last good one, {found[-1][1]}, is kept" if found else "none exists"

@@ -7,6 +7,7 @@ checkpoint of the generations since the last periodic one."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -22,10 +23,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from evolm import interrupt
-from evolm.checkpoint import checkpoints
+from evolm.checkpoint import Checkpointer, checkpoints, latest_checkpoint
 from evolm.es import ESState
 from evolm.loop import RunContext
 from evolm.lora import LoraLayout
+from evolm.task.scorer import Scorer
 from evolm.tracking.mlflow import MLflowLogger
 from tests.helpers import REPO, read_results, run_cli
 
@@ -209,6 +211,27 @@ def test_sigterm_inside_an_mlflow_store_call_still_ends_the_run_killed(
     assert client.get_run(logger.run_id or "").info.status == "KILLED"
     [metric] = client.get_metric_history(logger.run_id or "", "train/fitness_mean")
     assert metric.value == 0.5  # the batch under way was written whole
+
+
+def test_checkpointer_saves_the_last_finished_generation_on_a_stop_only(tmp_path: Path) -> None:
+    """In process: generations 1-3 of a run checkpointing every 10; an error saves nothing, a
+    stop saves generation 3 with its records and the task state of generation 3 (not of the
+    generation under way when the signal came)."""
+    task = Scorer(lambda_init=2.0)
+    layout = LoraLayout(targets=(), rank=1, alpha=1.0, num_layers=1)
+    ctx = RunContext(tmp_path, 40, layout, "base", stateful={"task": task})
+    saver = Checkpointer(every=10)
+    saver.on_run_start(ctx, ESState(mean=[torch.zeros(2)], seed=0, generation=0))
+    for g in range(1, 4):
+        saver.on_generation_end(ctx, {"generation": g}, ESState([torch.full((2,), g)], 0, g))
+    task.log_lambda = 9.0  # generation 4, under way
+    saver.on_run_error(ctx, RuntimeError("a real failure"))
+    assert checkpoints(tmp_path / "checkpoints") == []
+    saver.on_run_error(ctx, interrupt.Interrupted(signal.SIGTERM))
+    found = latest_checkpoint(tmp_path / "checkpoints")
+    assert found is not None and found.generation == 3
+    assert [r["generation"] for r in found.records] == [1, 2, 3]
+    assert found.state["task"]["log_lambda"] == pytest.approx(math.log(2.0))
 
 
 def test_a_signal_in_a_deferred_block_is_raised_when_it_ends(handlers: None) -> None:
