@@ -113,6 +113,10 @@ bench: install-runtime ## Time one population evaluation (CPU: tiny; GPU: 0.5B +
 sweep: install-runtime ## Optuna sweep of sigma, alpha, init_scale, rank; again = more trials. SWEEP_ARGS=...
 	$(PY) -m evolm -m hparams_search=es_optuna $(SWEEP_ARGS)
 
+.PHONY: pareto
+pareto: install-runtime ## Reward-vs-KL front: two-objective Optuna sweep, prints the Pareto trials. SWEEP_ARGS=...
+	$(PY) -m evolm -m hparams_search=es_pareto $(SWEEP_ARGS)
+
 .PHONY: notebook
 notebook: install ## Execute notebooks/analysis.ipynb headless on outputs/mlflow.db -> outputs/analysis.ipynb
 	mkdir -p outputs

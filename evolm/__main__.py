@@ -43,7 +43,7 @@ WHAT = {
 }
 
 
-def job(cfg: DictConfig) -> float:
+def job(cfg: DictConfig) -> float | list[float]:
     """One Hydra job: a training run (a sweep's trial too)."""
     from evolm.app import train
     from evolm.server.pool import in_multirun

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
+from evolm.lora.norms import READ_ERRORS, weight_norm
 from evolm.server import pool
 from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
@@ -97,6 +99,19 @@ class Builder:
         return ConfigError(f"{group}.{name}", str(cause), fix)
 
 
+def check_objectives(names: Any) -> None:
+    """``optimized_metric`` is a metric name or a non-empty list of them."""
+    if isinstance(names, str):
+        return
+    if isinstance(names, Sequence) and names and all(isinstance(n, str) for n in names):
+        return
+    raise ConfigError(
+        "optimized_metric",
+        f"must be a metric name or a non-empty list of names, got {names!r}",
+        "e.g. optimized_metric=eval/reward_mean or '[eval/reward_mean,eval/kl_mean]'",
+    )
+
+
 def check_run_keys(cfg: DictConfig) -> None:
     if cfg.generations < 1:
         raise ConfigError(
@@ -108,14 +123,15 @@ def check_run_keys(cfg: DictConfig) -> None:
             f"must be >= 1, got {cfg.eval_every}",
             "e.g. eval_every=10 (the mean is also evaluated at start and end)",
         )
+    check_objectives(cfg.optimized_metric)
 
 
-def preflight(task: Task) -> None:
+def preflight(task: Task, group: str = "task") -> None:
     """The task's check of what it needs outside the process (``Task.preflight``)."""
     try:
         task.preflight()
     except ConfigError as e:
-        raise e.in_group("task") from None
+        raise e.in_group(group) from None
 
 
 def resolve_model(spec: Any) -> str:
@@ -133,14 +149,29 @@ def load_layout(model_path: str, spec: LoraSpec) -> LoraLayout:
         raise e.in_group("lora") from None
 
 
+def local_model_dir(model_path: str) -> str:
+    """The model's directory (a hub id: its snapshot's config and safetensors files)."""
+    if Path(model_path).is_dir():
+        return model_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model_path, allow_patterns=["*.json", "*.safetensors"])
+
+
 def noise_scales(spec: LoraSpec, model_path: str, layout: LoraLayout) -> list[float]:
     if spec.noise_scale == "uniform":
         return uniform_scales(layout)
-    if not Path(model_path).is_dir():
-        from huggingface_hub import snapshot_download
+    return weight_mean_scales(local_model_dir(model_path), layout)
 
-        model_path = snapshot_download(model_path, allow_patterns=["*.json", "*.safetensors"])
-    return weight_mean_scales(model_path, layout)
+
+def base_weight_norm(model_path: str, layout: LoraLayout) -> float | None:
+    """The norm of the adapted base weights (es/update_rel, es/mean_rel are relative to it);
+    None, with a warning, where the model's safetensors files cannot be read."""
+    try:
+        return weight_norm(local_model_dir(model_path), layout)
+    except READ_ERRORS as e:
+        log.warning("es/update_rel and es/mean_rel are off: %s's weights: %s", model_path, e)
+        return None
 
 
 def resumed_config(
@@ -209,6 +240,7 @@ class Parts:
     strategy: ES
     make_engine: Any
     callbacks: dict[str, Callback]  # "callbacks.<name>", then "logger.<name>"
+    extra_evals: dict[str, Task]  # also scored at every eval of the mean (forgetting check)
 
     @property
     def stateful(self) -> dict[str, Stateful]:
@@ -218,15 +250,10 @@ class Parts:
 
 
 def build_parts(build: Builder, cfg: DictConfig) -> Parts:
-    named = {f"callbacks.{k}": build("callbacks", c) for k, c in cfg.callbacks.items()}
-    named |= {f"logger.{k}": build("logger", c) for k, c in cfg.logger.items()}
-    task = build("task", cfg.task)
-    if not isinstance(task, Task):
-        raise ConfigError(
-            "task._target_",
-            f"{type(task).__qualname__} is not an evolm.task.Task",
-            "subclass evolm.task.Task (its optional hooks have defaults; docs/tasks.md)",
-        )
+    named = {f"callbacks.{k}": build(f"callbacks.{k}", c) for k, c in cfg.callbacks.items()}
+    named |= {f"logger.{k}": build(f"logger.{k}", c) for k, c in cfg.logger.items()}
+    task = build_task(build, "task", cfg.task)
+    extra = {k: build_task(build, f"extra_evals.{k}", t) for k, t in cfg.extra_evals.items()}
     return Parts(
         task=task,
         model_spec=build("model", cfg.model),
@@ -234,7 +261,19 @@ def build_parts(build: Builder, cfg: DictConfig) -> Parts:
         strategy=build("es", cfg.es),
         make_engine=build("server", cfg.server),
         callbacks=named,
+        extra_evals=extra,
     )
+
+
+def build_task(build: Builder, group: str, node: Any) -> Task:
+    task = build(group, node)
+    if not isinstance(task, Task):
+        raise ConfigError(
+            f"{group}._target_",
+            f"{type(task).__qualname__} is not an evolm.task.Task",
+            "subclass evolm.task.Task (its optional hooks have defaults; docs/tasks.md)",
+        )
+    return task
 
 
 def restore(
@@ -267,7 +306,12 @@ def restore(
 
 
 def make_loop(
-    cfg: DictConfig, parts: Parts, engine: Any, layout: LoraLayout, comm: dist.Comm = dist.SINGLE
+    cfg: DictConfig,
+    parts: Parts,
+    engine: Any,
+    layout: LoraLayout,
+    comm: dist.Comm = dist.SINGLE,
+    base_norm: float | None = None,
 ) -> ESLoop:
     log.info(
         "ES over %d LoRA parameters (%d targets, rank %d), population %d, %d generations",
@@ -287,6 +331,8 @@ def make_loop(
         seed=cfg.seed,
         callbacks=run_callbacks(parts, comm),
         comm=comm,
+        base_norm=base_norm,
+        extra_evals=parts.extra_evals,
     )
 
 
@@ -298,9 +344,10 @@ def run_callbacks(parts: Parts, comm: dist.Comm) -> list[Callback]:
     return [cb for cb in parts.callbacks.values() if cb.every_rank]
 
 
-def train(cfg: DictConfig) -> float:
+def train(cfg: DictConfig) -> float | list[float]:
     """Run one ES fine-tuning job described by ``cfg``, or continue the run ``cfg.resume``
-    from its latest valid checkpoint; returns ``cfg.optimized_metric``."""
+    from its latest valid checkpoint; returns ``cfg.optimized_metric`` (a list of values for a
+    list of names)."""
     comm = dist.current()  # joined by evolm.__main__ under torchrun/SLURM; else one process
     resuming = cfg.resume is not None
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
@@ -321,6 +368,8 @@ def train(cfg: DictConfig) -> float:
     checkpoint = restore(output_dir, stateful, run_identity(config), comm) if resuming else None
 
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
+    for name, extra in parts.extra_evals.items():
+        preflight(extra, f"extra_evals.{name}")
     model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
     limits.check_prompts_fit(model_path, parts.task, cfg.generations)  # the model's context
@@ -356,7 +405,7 @@ def train(cfg: DictConfig) -> float:
             es_scales(lora_spec, scales),  # es.sigma in lora.sigma_units
         )
     )
-    loop = make_loop(cfg, parts, engine, layout, comm)
+    loop = make_loop(cfg, parts, engine, layout, comm, base_weight_norm(model_path, layout))
     try:
         state, summary = loop.run(state, ctx)
     finally:
@@ -386,7 +435,15 @@ def on_device(state: ESState, comm: dist.Comm) -> ESState:
     return state
 
 
-def metric(summary: dict[str, Any], name: str) -> float:
+def metric(summary: dict[str, Any], name: str | Sequence[str]) -> float | list[float]:
+    """``summary[name]``, finite; for a list of names (a multi-objective sweep: es_pareto),
+    their values in that order."""
+    if not isinstance(name, str):
+        return [metric_value(summary, n) for n in name]
+    return metric_value(summary, name)
+
+
+def metric_value(summary: dict[str, Any], name: str) -> float:
     if name not in summary:
         raise ConfigError(
             "optimized_metric",

@@ -108,10 +108,11 @@ class Config:
     generations: int = 50
     eval_every: int = 10
     output_dir: str = MISSING
-    optimized_metric: str = M.EVAL_REWARD
+    optimized_metric: Any = M.EVAL_REWARD  # a name, or a list of names (multi-objective)
     tags: list[str] = field(default_factory=list)
     trusted_targets: list[str] = field(default_factory=lambda: ["evolm.*"])
     resume: str | None = None
+    extra_evals: dict[str, Any] = field(default_factory=dict)
 
 
 def choice(group: str, *, _root_: DictConfig) -> str:

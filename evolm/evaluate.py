@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from evolm import metrics as M
+from evolm.diagnostics import RowStats, completion_stats, summarize
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.lora.layout import LoraPopulation
@@ -24,6 +26,8 @@ class Evaluation:
     generate_s: float
     score_s: float
     comm_s: float = 0.0  # a distributed evaluation's all-gather (and broadcast), in score_s
+    diagnostics: dict[str, float] = field(default_factory=dict)  # evolm.diagnostics.summarize
+    scores: Scores = field(default_factory=dict)  # per completion, member-major rows
 
 
 def render(engine: Engine, example: Example) -> str:
@@ -57,12 +61,14 @@ def evaluate(
     generated = time.perf_counter()
     flat = [c for member in completions for c in member]
     scores = task.score(list(examples) * len(completions), flat)
-    return _evaluation(task, scores, completions, len(examples), start, generated)
+    stats = completion_stats(flat)
+    return _evaluation(task, scores, stats, completions, len(examples), start, generated)
 
 
 def _evaluation(
     task: Task,
     scores: Scores,
+    stats: RowStats,
     completions: list[list[str]],
     n_prompts: int,
     start: float,
@@ -80,6 +86,8 @@ def _evaluation(
         completions=completions,
         generate_s=generated - start,
         score_s=time.perf_counter() - generated,
+        diagnostics=summarize(stats, scores, len(completions), n_prompts),
+        scores=scores,
     )
 
 
@@ -99,12 +107,13 @@ def _evaluate_sharded(
     prompts = [render(engine, e) for e in examples]
     texts = engine.generate_rows(prompts, adapters, mine, task.sampling, seed) if mine else []
     generated = time.perf_counter()
-    if task.row_scores:  # each rank scores its rows; one all-gather of the scores
+    if task.row_scores:  # each rank scores its rows; one all-gather of scores and stats
         local: Scores = task.score([examples[p] for _, p in mine], texts) if mine else {}
         sent = time.perf_counter()
-        parts = comm.gather(local)
+        parts = comm.gather((local, completion_stats(texts)))
         comm_s = time.perf_counter() - sent
-        scores = _merge_scores(parts, comm, type(task).__name__)
+        scores = _merge_scores([p for p, _ in parts], comm, type(task).__name__)
+        stats = {k: comm.unshard([s[k] for _, s in parts]) for k in parts[0][1]}
     else:  # the whole population scored at once, as one process does
         sent = time.perf_counter()
         every = comm.unshard(comm.gather(texts))
@@ -113,11 +122,36 @@ def _evaluate_sharded(
         sent = time.perf_counter()
         scores = comm.broadcast(whole)
         comm_s += time.perf_counter() - sent
+        stats = completion_stats(every)
     completions = [[""] * n_prompts for _ in range(members)]
     for (m, p), text in zip(mine, texts, strict=True):
         completions[m][p] = text
-    ev = _evaluation(task, scores, completions, n_prompts, start, generated)
+    ev = _evaluation(task, scores, stats, completions, n_prompts, start, generated)
     return replace(ev, comm_s=comm_s)
+
+
+def kl_to_base(
+    engine: Engine,
+    examples: Sequence[Example],
+    completions: Sequence[str],
+    adapter: LoraPopulation,
+    comm: Comm = SINGLE,
+) -> dict[str, float]:
+    """``{kl_mean, kl_std}``: the mean and std over every scored token of the per-token
+    KL(adapted || base) along one member's ``completions`` of ``examples``
+    (:meth:`Engine.kl_to_base`); empty where the engine cannot score. In a process group each
+    rank scores the prompts it generated (:meth:`Comm.shard`) and one all-gather joins them."""
+    mine = comm.shard(range(len(examples))) if comm.world_size > 1 else range(len(examples))
+    prompts = [render(engine, examples[p]) for p in mine]
+    texts = [completions[p] for p in mine]
+    values = engine.kl_to_base(prompts, texts, adapter) if prompts else []
+    parts = comm.gather(values) if comm.world_size > 1 else [values]
+    if any(part is None for part in parts):
+        return {}
+    tokens = torch.tensor([v for part in parts for row in part for v in row], dtype=torch.float64)
+    if tokens.numel() == 0:
+        return {}
+    return {M.KL_MEAN: tokens.mean().item(), M.KL_STD: tokens.std(unbiased=False).item()}
 
 
 def _merge_scores(parts: Sequence[Scores], comm: Comm, task_name: str) -> Scores:

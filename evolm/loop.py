@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from evolm import metrics as M
+from evolm.diagnostics import pair_agreement
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
-from evolm.es import ES, ESState, TellStats
-from evolm.evaluate import Evaluation, evaluate
+from evolm.es import ES, ESState, Population, TellStats
+from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
 from evolm.lora.layout import LoraLayout, LoraPopulation
+from evolm.lora.norms import delta_norm
 from evolm.task.base import Task
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,15 @@ class RunContext:
     tags: dict[str, str] = field(default_factory=dict)  # set by callbacks; trackers copy them
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One eval prompt (as the model saw it), the mean's completion and its scores."""
+
+    prompt: str
+    completion: str
+    scores: dict[str, float]
+
+
 class Callback:
     """Hooks called by :class:`ESLoop`; override what you need. ``record`` is one JSON line:
     ``generation`` plus namespaced metrics (``train/``, ``eval/``, ``es/``, ``time/``).
@@ -79,6 +90,10 @@ class Callback:
     def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None: ...
 
     def on_run_error(self, ctx: RunContext, error: BaseException) -> None: ...
+
+    def on_eval(self, ctx: RunContext, generation: int, samples: Sequence[Sample]) -> None:
+        """After each evaluation of the mean (before that generation's record is emitted):
+        the eval prompts this process generated (all, in one process), in order."""
 
 
 def latest_eval(history: Sequence[Record]) -> Record:
@@ -107,6 +122,8 @@ class GenerationRecord:
     generation_s: float
     engine_timings: Mapping[str, float] = field(default_factory=dict)
     comm_s: float | None = None  # distributed runs: all-gather + mean check (None: one process)
+    diagnostics: Mapping[str, float] = field(default_factory=dict)  # evolm.diagnostics
+    weight_change: Mapping[str, float] = field(default_factory=dict)  # es/update_rel, mean_rel
 
     def as_record(self) -> Record:
         es = self.es
@@ -122,8 +139,10 @@ class GenerationRecord:
             # a member's fitness is its mean reward: train/reward_mean would repeat fitness_mean
             **{M.train_score(k): v for k, v in self.scores.items() if k != "reward"},
             **{M.task_stat(k): v for k, v in self.task_stats.items()},
+            **{M.train_diagnostic(k): v for k, v in self.diagnostics.items()},
             M.UPDATE_NORM: es.update_norm,
             M.MEAN_NORM: es.mean_norm,
+            **self.weight_change,
             M.GENERATE_S: self.generate_s,
             M.SCORE_S: self.score_s,
             **{M.engine_time(k): v for k, v in self.engine_timings.items()},
@@ -131,6 +150,14 @@ class GenerationRecord:
             M.GENERATION_S: self.generation_s,
             **({} if self.comm_s is None else {M.COMM_S: self.comm_s}),
         }
+
+
+def generation_diagnostics(ev: Evaluation, pop: Population) -> dict[str, float]:
+    """The population's diagnostics (:mod:`evolm.diagnostics`), with the antithetic pairs'
+    agreement (``pair_agreement``) when the population has pairs."""
+    agreement = pair_agreement(ev.fitness, pop.seeds, pop.signs)
+    pairs = {} if agreement is None else {M.PAIR_AGREEMENT: agreement}
+    return {**ev.diagnostics, **pairs}
 
 
 def check_finite_mean(mean_norm: float, generation: int, strategy: ES) -> None:
@@ -159,18 +186,46 @@ class ESLoop:
     seed: int
     callbacks: Sequence[Callback] = ()
     comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
+    base_norm: float | None = None  # of the adapted base weights: es/update_rel, es/mean_rel
+    extra_evals: Mapping[str, Task] = field(default_factory=dict)  # eval/<name>/<score>_mean
 
-    def evaluate_mean(self, state: ESState) -> Record:
+    def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
+        """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, state.mean)
-        ev = evaluate(self.engine, self.task, self.task.eval_examples(), mean, self.seed, self.comm)
+        examples = self.task.eval_examples()
+        ev = evaluate(self.engine, self.task, examples, mean, self.seed, self.comm)
         metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
-        return {**metrics, M.EVAL_S: time.perf_counter() - start}
+        metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
+        kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
+        metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
+        for name, task in self.extra_evals.items():  # what ES costs on tasks it does not train
+            extra = evaluate(self.engine, task, task.eval_examples(), mean, self.seed, self.comm)
+            metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
+        mine = self.comm.shard(range(len(examples)))  # the rows this process generated
+        samples = [
+            Sample(
+                render(self.engine, examples[p]),
+                ev.completions[0][p],
+                {k: v[p] for k, v in ev.scores.items()},
+            )
+            for p in mine
+        ]
+        return {**metrics, M.EVAL_S: time.perf_counter() - start}, samples
+
+    def weight_change(self, before: ESState, after: ESState) -> dict[str, float]:
+        """es/update_rel and es/mean_rel (:mod:`evolm.lora.norms`): the update's and the mean's
+        change to the adapted weights, relative to them (none without ``base_norm``)."""
+        if not self.base_norm:
+            return {}
+        step = delta_norm(self.layout, after.mean, before.mean)
+        total = delta_norm(self.layout, after.mean, None)
+        return {M.UPDATE_REL: step / self.base_norm, M.MEAN_REL: total / self.base_norm}
 
     def step(self, state: ESState) -> tuple[ESState, Record]:
         """One generation: returns the new state and its record (without eval metrics)."""
         start = time.perf_counter()
-        generation = state.generation + 1
+        generation, before = state.generation + 1, state
         pop = self.strategy.ask(state)
         adapters = LoraPopulation(self.layout, tuple(self.strategy.sample(state, pop)))
         sampled = time.perf_counter()
@@ -196,6 +251,8 @@ class ESLoop:
             generation_s=time.perf_counter() - start,
             engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
             comm_s=comm_s if self.comm.world_size > 1 else None,
+            diagnostics=generation_diagnostics(ev, pop),
+            weight_change=self.weight_change(before, state),
         )
         return state, record.as_record()
 
@@ -218,17 +275,24 @@ class ESLoop:
     def _generations(self, state: ESState, ctx: RunContext) -> tuple[ESState, Record]:
         last_eval = latest_eval(ctx.history)
         if state.generation == 0:
-            last_eval = self.evaluate_mean(state)
+            last_eval = self._evaluate(ctx, state)
             data = {M.data_stat(k): v for k, v in self.task.data_stats().items()}
             self._emit(ctx, {M.GENERATION: 0, **last_eval, **data}, state)
         while state.generation < self.generations:
             state, record = self.step(state)
             g = state.generation
             if g % self.eval_every == 0 or g == self.generations:
-                last_eval = self.evaluate_mean(state)
+                last_eval = self._evaluate(ctx, state)
                 record.update(last_eval)
             self._emit(ctx, record, state)
         return state, {M.GENERATION: state.generation, **last_eval}
+
+    def _evaluate(self, ctx: RunContext, state: ESState) -> Record:
+        """Evaluate the mean; its samples go to the callbacks' ``on_eval``."""
+        record, samples = self.evaluate_mean(state)
+        for cb in self.callbacks:
+            cb.on_eval(ctx, state.generation, samples)
+        return record
 
     def _emit(self, ctx: RunContext, record: Record, state: ESState) -> None:
         for cb in self.callbacks:

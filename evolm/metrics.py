@@ -6,6 +6,29 @@ prompts, ``es/`` the update, ``time/`` seconds, ``data/`` the task's data (gener
 A task's score ``k`` (any key its ``score`` returns besides ``reward``) appears as
 ``train/k_mean`` and ``eval/k_mean``; the population's mean reward is ``train/fitness_mean`` (a
 member's fitness is its mean reward).
+
+Diagnostics (:mod:`evolm.diagnostics`) describe the completions themselves, as
+``train/<name>`` for the generation's population and ``eval/<name>`` for the mean on held-out
+prompts (the README's metrics table lists them all):
+
+- ``empty_share``: the share of completions that are empty (whitespace only);
+- ``truncated_share``: the share cut at the token budget (``task.max_new_tokens``) before an
+  EOS (engines that say: local, SGLang, vLLM);
+- ``completion_tokens``: the mean length in tokens, EOS not counted (local, SGLang);
+- ``distinct_per_prompt`` (train): the mean over prompts of how many different completions the
+  members wrote (1: all the same, ES gets no signal from that prompt; N: all differ);
+- ``pass_at_population`` (train): where the task scores correctness (a ``accuracy`` score of
+  1/0 per completion, as countdown's), the share of prompts at least one member solved (pass@N,
+  N = es.population_size; the mean's greedy pass@1 is ``eval/accuracy_mean``);
+- ``train/pair_agreement`` (antithetic sampling only): the share of mirrored pairs whose two
+  members got equal fitness (1: the perturbations change nothing the reward sees).
+
+How far the mean is from the base model: ``eval/kl_mean`` and ``eval/kl_std``, the mean and
+std over the eval completions' tokens of the per-token KL(mean-adapted || base) along them
+(engines that can score it: the local one; :meth:`evolm.engine.base.Engine.kl_to_base`);
+``es/update_rel`` and ``es/mean_rel``, the Frobenius norm of the weight change ``dW`` of the
+generation's update and of the whole mean adapter, relative to the norm of the base weights they
+adapt (:mod:`evolm.lora.norms`).
 """
 
 from __future__ import annotations
@@ -22,8 +45,23 @@ FITNESS_NONFINITE = "train/fitness_nonfinite"
 
 UPDATE_NORM = "es/update_norm"
 MEAN_NORM = "es/mean_norm"
+UPDATE_REL = "es/update_rel"  # ||dW of the update||_F / ||W||_F over the adapted base weights
+MEAN_REL = "es/mean_rel"  # ||dW of the mean's adapter||_F / ||W||_F: how far from the base
 
 EVAL_REWARD = "eval/reward_mean"
+KL_MEAN = "kl_mean"  # per-token KL(mean-adapted || base) along the eval completions
+KL_STD = "kl_std"
+EVAL_KL_MEAN = f"eval/{KL_MEAN}"
+EVAL_KL_STD = f"eval/{KL_STD}"
+
+# diagnostics: bare names, namespaced by train_diagnostic / eval_diagnostic
+EMPTY_SHARE = "empty_share"
+TRUNCATED_SHARE = "truncated_share"
+COMPLETION_TOKENS = "completion_tokens"
+DISTINCT_PER_PROMPT = "distinct_per_prompt"
+PASS_AT_POPULATION = "pass_at_population"
+CORRECT_SCORE = "accuracy"  # the task score that says a completion is correct (1) or not (0)
+PAIR_AGREEMENT = "pair_agreement"  # train only: antithetic pairs
 
 GENERATION_S = "time/generation_s"
 GENERATE_S = "time/generate_s"
@@ -41,6 +79,22 @@ def train_score(key: str) -> str:
 def eval_score(key: str) -> str:
     """The mean's mean of a task score on the eval split, e.g. ``eval/reward_mean``."""
     return f"eval/{key}_mean"
+
+
+def extra_eval_score(name: str, key: str) -> str:
+    """A score of the mean on the extra eval task ``name`` (``extra_evals``), e.g.
+    ``eval/countdown/accuracy_mean``: what ES costs (or gains) on a task it does not train."""
+    return f"eval/{name}/{key}_mean"
+
+
+def train_diagnostic(key: str) -> str:
+    """A diagnostic of the generation's population, e.g. ``train/empty_share``."""
+    return f"train/{key}"
+
+
+def eval_diagnostic(key: str) -> str:
+    """A diagnostic of the mean's completions on the eval split, e.g. ``eval/empty_share``."""
+    return f"eval/{key}"
 
 
 def task_stat(key: str) -> str:

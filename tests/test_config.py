@@ -66,6 +66,14 @@ BAD = [
     ("task.max_new_tokens=0", "task.max_new_tokens"),
     ("generations=0", "generations"),
     ("server.dtype=fp8", "server.dtype"),
+    ("optimized_metric=[]", "optimized_metric"),
+    ("callbacks.samples.count=-1", "callbacks.samples.count"),
+    (
+        "+task@extra_evals.cd=countdown extra_evals.cd.max_new_tokens=0",
+        "extra_evals.cd.max_new_tokens",
+    ),
+    ("+extra_evals.x._target_=evolm.es.ES", "extra_evals.x._target_"),
+    ("optimized_metric=[eval/reward_mean,[x]]", "optimized_metric"),
 ]
 
 

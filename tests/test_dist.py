@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from evolm import dist
 from evolm.dist import SINGLE, DivergenceError, checksum, first_host, launch_env
-from evolm.engine.base import Engine
+from evolm.engine.base import Completion, Engine
 from evolm.evaluate import evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation, LoraTarget
 from evolm.sampling import Sampling
@@ -121,7 +121,10 @@ class LabelEngine(Engine):
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
     ) -> list[list[str]]:
         labels = [0] if adapters is None else [int(t.flatten()[0]) for t in adapters.tensors[0]]
-        return [[f"{p}{'!' * label}" for p in prompts] for label in labels]
+        return [
+            [Completion(f"{p}{'!' * label}", tokens=label, truncated=label > 2) for p in prompts]
+            for label in labels
+        ]
 
     def close(self) -> None: ...
 
@@ -177,6 +180,9 @@ def _worker(rank: int, world: int, port: int) -> None:
             shared = evaluate(engine, task, examples, pop, seed=0, comm=comm)
             assert torch.equal(shared.fitness, alone.fitness), (row_scores, shared.fitness)
             assert shared.metrics == alone.metrics
+            # the diagnostics see every row's completion, tokens and truncation
+            assert shared.diagnostics == alone.diagnostics
+            assert set(alone.diagnostics) >= {"truncated_share", "completion_tokens"}
             mine = comm.shard([(m, p) for m in range(5) for p in range(3)])
             assert all(shared.completions[m][p] == alone.completions[m][p] for m, p in mine)
             # one row for two ranks: rank 1 has none

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import mlflow
 import pytest
+from transformers import AutoConfig
 
-from evolm.errors import RunAborted
-from evolm.loop import RunContext
-from evolm.lora import LoraLayout
+from evolm.engine.local import LocalEngine
+from evolm.errors import ConfigError, RunAborted
+from evolm.es import ES
+from evolm.loop import ESLoop, RunContext
+from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales
+from evolm.task.base import Example, Scores
+from evolm.task.conciseness import Conciseness
+from evolm.tracking.callbacks import ResultsWriter
 from evolm.tracking.health import TAG, LearningMonitor
+from evolm.tracking.mlflow import MLflowLogger
 from tests.helpers import read_results, run_cli
 
 
@@ -81,6 +89,100 @@ def test_abort_raises_with_the_reason(tmp_path: Path) -> None:
     monitor, ctx = LearningMonitor(patience=1, abort=True), context(tmp_path)
     with pytest.raises(RunAborted, match="every member scored the same"):
         monitor.on_generation_end(ctx, record(1, 0.0, 0.0), None)  # type: ignore[arg-type]
+
+
+def shares(generation: int, mean: float, empty: float, truncated: float = 0.1) -> dict:
+    return record(generation, 0.3, mean=mean) | {
+        "train/empty_share": empty,
+        "train/truncated_share": truncated,
+    }
+
+
+def test_fitness_rising_with_empty_answers_is_reported_as_gaming(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monitor, ctx = LearningMonitor(patience=2), context(tmp_path)
+    monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        for g, (mean, empty) in enumerate([(-40, 0.0), (-30, 0.2), (-20, 0.3), (-10, 0.6)], 1):
+            monitor.on_generation_end(ctx, shares(g, mean, empty), None)  # type: ignore[arg-type]
+            assert (TAG in ctx.tags) == (g == 4), "two generations in a row at +0.25 or more"
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "THIS RUN IS GAMING ITS REWARD (train/empty_share)" in warning
+    assert "fitness rose from -40 to -10" in warning and "rose from 0.00 to 0.60" in warning
+    assert ctx.tags[TAG] == "gaming_empty"
+
+
+def test_truncated_answers_are_watched_from_a_resumed_runs_first_generation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The baseline is the run's first generation, from the checkpoint's history on resume."""
+    monitor, ctx = LearningMonitor(patience=1), context(tmp_path)
+    ctx.history = [{"generation": 0}, shares(1, 0.1, 0.0, truncated=0.05)]
+    monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        monitor.on_generation_end(ctx, shares(2, 0.5, 0.0, truncated=0.5), None)  # type: ignore[arg-type]
+    assert "GAMING ITS REWARD (train/truncated_share)" in caplog.records[0].getMessage()
+    assert ctx.tags[TAG] == "gaming_truncated"
+
+
+@pytest.mark.parametrize(
+    ("mean", "empty"), [(-50.0, 0.9), (-10.0, 0.2)], ids=["fitness fell", "share rose little"]
+)
+def test_no_gaming_without_both_rises(tmp_path: Path, mean: float, empty: float) -> None:
+    monitor, ctx = LearningMonitor(patience=1), context(tmp_path)
+    monitor.on_generation_end(ctx, shares(1, -40.0, 0.0), None)  # type: ignore[arg-type]
+    monitor.on_generation_end(ctx, shares(2, mean, empty), None)  # type: ignore[arg-type]
+    assert not ctx.tags
+
+
+def test_gaming_aborts_with_abort(tmp_path: Path) -> None:
+    monitor, ctx = LearningMonitor(patience=1, abort=True), context(tmp_path)
+    monitor.on_generation_end(ctx, shares(1, -40.0, 0.0), None)  # type: ignore[arg-type]
+    with pytest.raises(RunAborted, match="share of empty completions"):
+        monitor.on_generation_end(ctx, shares(2, -5.0, 1.0), None)  # type: ignore[arg-type]
+
+
+def test_gaming_rise_out_of_range_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="gaming_rise"):
+        LearningMonitor(gaming_rise=0.0)
+
+
+class EmptyPays(Conciseness):
+    """A reward built to be gamed: minus the completion's length, so answering nothing wins."""
+
+    def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
+        return {"reward": [-float(len(c)) for c in completions]}
+
+
+def test_a_run_paid_for_empty_answers_is_told_it_games_its_reward(
+    tmp_path: Path, tiny_model_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real tiny model, ES and MLflow store: within 20 generations (about 3 s) ES finds
+    that the EOS first scores best; the monitor says so and tags the MLflow run."""
+    spec = LoraSpec()
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), spec)
+    engine = LocalEngine(tiny_model_dir, layout, device="cpu")
+    es = ES(population_size=16, sigma=0.01, alpha=2.0, update="natural")
+    scales = uniform_scales(layout)
+    state = es.init(layout.init_mean(spec, scales, 0), 0, es_scales(spec, scales))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    callbacks = [ResultsWriter(), LearningMonitor(patience=2), MLflowLogger(uri)]
+    loop = ESLoop(es, EmptyPays(max_new_tokens=16), engine, layout, 20, 10, 0, callbacks)
+    ctx = RunContext(tmp_path, 20, layout, tiny_model_dir)
+    with caplog.at_level(logging.WARNING, logger="evolm.tracking.health"):
+        loop.run(state, ctx)
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "THIS RUN IS GAMING ITS REWARD (train/empty_share)" in said
+    results = read_results(tmp_path)
+    first, last = results[1], results[-1]
+    assert last["train/fitness_mean"] > first["train/fitness_mean"] + 20
+    assert last["train/empty_share"] >= first["train/empty_share"] + 0.25
+    assert last["eval/empty_share"] >= 0.5, "the mean answers nothing"
+    [run] = mlflow.MlflowClient(uri).search_runs(
+        [mlflow.MlflowClient(uri).get_experiment_by_name("evolm").experiment_id]
+    )
+    assert run.data.tags[TAG] == "gaming_empty"
 
 
 # A perturbation far too small to change any greedy output: every member ties.

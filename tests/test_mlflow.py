@@ -3,6 +3,7 @@ a store that is down never costs the run its results."""
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 import subprocess
@@ -77,7 +78,7 @@ def test_run_tags_and_artifacts(short_run: tuple[Path, str], tmp_path: Path) -> 
     client = MlflowClient(uri)
     run_id = run.info.run_id
     top = {a.path for a in client.list_artifacts(run_id)}
-    assert top == {"config.yaml", "results.jsonl", "figures", "adapter"}
+    assert top == {"config.yaml", "results.jsonl", "figures", "samples", "adapter"}
     assert {a.path for a in client.list_artifacts(run_id, "figures")} == {"figures/evolution.png"}
     for name in (
         "adapter/adapter_model.safetensors",
@@ -86,6 +87,27 @@ def test_run_tags_and_artifacts(short_run: tuple[Path, str], tmp_path: Path) -> 
     ):
         local = client.download_artifacts(run_id, name, str(tmp_path))
         assert Path(local).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+def test_samples_of_the_mean_are_written_at_each_eval_and_uploaded(
+    short_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    """generations=4, eval_every=2: evals at 0, 2, 4; each file holds the first 4 eval prompts
+    with what the mean answered and the reward of that answer."""
+    run_dir, uri = short_run
+    names = sorted(p.name for p in (run_dir / "samples").iterdir())
+    assert names == ["gen-0.jsonl", "gen-2.jsonl", "gen-4.jsonl"]
+    eval_file = REPO / "evolm" / "data" / "conciseness" / "eval.jsonl"
+    references = [json.loads(line) for line in eval_file.read_text().splitlines()][:4]
+    for name in names:
+        lines = [json.loads(line) for line in (run_dir / "samples" / name).read_text().splitlines()]
+        assert [s["prompt"] for s in lines] == [r["question"] for r in references]
+        for s, ref in zip(lines, references, strict=True):
+            assert s["scores"] == {"reward": -abs(len(s["completion"]) - len(ref["answer"]))}
+    client = MlflowClient(uri)
+    run_id = the_run(uri).info.run_id
+    uploaded = {a.path for a in client.list_artifacts(run_id, "samples")}
+    assert uploaded == {f"samples/{n}" for n in names}
 
 
 def closed_port() -> int:

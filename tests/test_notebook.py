@@ -26,7 +26,8 @@ def add_sweep(uri: str) -> None:
     experiment = client.get_experiment_by_name("evolm")
     assert experiment is not None
     parent = client.create_run(experiment.experiment_id, run_name="sweep").info.run_id
-    for name, sigma, final in (("trial-a", 0.01, -20.0), ("trial-b", 0.1, -5.0)):
+    trials = (("trial-a", 0.01, -20.0, 0.02), ("trial-b", 0.1, -5.0, 0.5))  # both on the front
+    for name, sigma, final, kl in trials:
         run = client.create_run(
             experiment.experiment_id,
             run_name=name,
@@ -39,6 +40,7 @@ def add_sweep(uri: str) -> None:
             for q, d in (("20", -3), ("80", 3))
         ]
         metrics += [Metric("eval/reward_mean", v, 0, g) for g, v in ((0, -30.0), (2, final))]
+        metrics += [Metric("eval/kl_mean", v, 0, g) for g, v in ((0, 0.0), (2, kl))]
         params = [Param("es.sigma", str(sigma)), Param("generations", "2")]
         client.log_batch(run, metrics=metrics, params=params, tags=[RunTag("task", "x")])
         client.set_terminated(run)
@@ -61,8 +63,10 @@ def test_analysis_notebook_executes(
     assert "3 run(s) in experiment 'evolm'" in text
     assert "2 trial(s); parameters that vary: ['es.sigma']" in text
     assert "best: trial-b" in text
+    assert "Pareto front: 2 of 2 trial(s)" in text
+    assert "base model: eval/reward_mean = -30 at KL 0" in text
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) == 2  # the curves and the sweep's scatter
+    assert len(images) == 3  # the curves, the sweep's scatter, the reward-vs-KL front
 
 
 def test_the_documented_headless_command_runs(short_run: tuple[Path, str], tmp_path: Path) -> None:

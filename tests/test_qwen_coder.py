@@ -5,7 +5,8 @@ slow (the conversion takes one to two minutes per model, once per cache). Checke
 checkpoint equals the GGUF, tensor by tensor against gguf-py's own dequantization (rounded to
 the checkpoint's bf16) and logit by logit against transformers' GGUF loader; the tokenizer
 round-trips and encodes as the GGUF's does; the local engine (fast and HF paths) answers a
-countdown prompt in the paper's format, as transformers does; a 2-generation CLI run finishes.
+countdown prompt in the paper's format, as transformers does; a 2-generation CLI run finishes,
+and its adapter loads in peft and merges with ``python -m evolm.export`` to the same logits.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from evolm.engine.local import LocalEngine
+from evolm.export import main as export_main
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.model import GGUFModel
 from evolm.model.gguf import _dequantized
@@ -251,4 +254,15 @@ def test_cli_countdown_two_generations(tmp_path: Path) -> None:
     records = read_results(tmp_path)
     assert [r["generation"] for r in records] == [0, 1, 2]
     assert "eval/reward_mean" in records[0] and "eval/reward_mean" in records[-1]
-    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    # the run's mean adapter: peft applies it to the checkpoint, and the export merges it
+    merged = tmp_path / "merged"
+    assert export_main([str(tmp_path), "--out", str(merged), "--dtype", "float32"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    enc = tokenizer(chat(tokenizer, Countdown(chat_template=True).eval[0]), return_tensors="pt")
+    base = AutoModelForCausalLM.from_pretrained(GGUFModel(QWEN05).resolve(), dtype=torch.float32)
+    with torch.no_grad():
+        want = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()(**enc).logits
+        got_model = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+        got = got_model(**enc).logits
+    assert not got_model.config.tie_word_embeddings
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)

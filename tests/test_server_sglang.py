@@ -136,6 +136,9 @@ def test_es_generation_equals_local_engine(engine: SGLangEngine, local: LocalEng
     assert outputs == ref_outputs and len(outputs[0]) == 4
     assert len({tuple(m) for m in outputs[0]}) > 1, "members should differ"
     assert record["train/fitness_mean"] == ref_record["train/fitness_mean"]
+    # SGLang's meta_info (token count, finish reason) gives the local engine's diagnostics
+    said = ("train/completion_tokens", "train/truncated_share", "train/distinct_per_prompt")
+    assert {k: record[k] for k in said} == {k: ref_record[k] for k in said}
     assert all(torch.equal(a, b) for a, b in zip(state.mean, ref_state.mean, strict=True))
     t = engine.last_timings
     assert set(t) >= {"write_s", "load_s", "build_s", "generate_s", "unload_s", "overhead_s"}

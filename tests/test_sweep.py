@@ -3,6 +3,7 @@ then the pieces (pooled engine, layout swaps, the rank check, resume seeds) in-p
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -24,22 +25,24 @@ from evolm.lora.layout import LoraPopulation
 from evolm.sampling import Sampling
 from evolm.server import pool
 from evolm.server.remote import RemoteEngine
-from evolm.sweep.callback import check_rank_cover, search_space
-from evolm.sweep.study import resume_seed
-from evolm.tracking.sweep import KEY_TAG
+from evolm.sweep.callback import _finite, check_objectives, check_rank_cover, search_space
+from evolm.sweep.study import pareto, resume_seed
+from evolm.tracking.sweep import KEY_TAG, Best
 from tests.helpers import CONF, compose_config, run_cli
 
 TINY_BUDGET = ["generations=2", "es.population_size=4", "task.max_new_tokens=8", "eval_every=1"]
 
 
-def sweep(tmp: Path, name: str, *args: str, trials: int = 3) -> tuple[Path, str]:
-    """``python -m evolm -m hparams_search=es_optuna`` with its study and MLflow store in ``tmp``
+def sweep(
+    tmp: Path, name: str, *args: str, trials: int = 3, search: str = "es_optuna"
+) -> tuple[Path, str]:
+    """``python -m evolm -m hparams_search=<search>`` with its study and MLflow store in ``tmp``
     (and the working directory too: nothing lands in the repository)."""
     sweep_dir = tmp / name
     proc = run_cli(
         [
             "-m",
-            "hparams_search=es_optuna",
+            f"hparams_search={search}",
             f"hydra.sweeper.storage=sqlite:///{tmp}/optuna.db",
             "hydra.sweeper.study_name=test",
             f"hydra.sweeper.n_trials={trials}",
@@ -217,12 +220,12 @@ def test_pool_shares_one_engine_in_a_multirun(
     assert other.closed and pool.POOL.engine is None, "a single run closes its engine"
 
 
-def sweep_config(*overrides: str, sweeps: tuple[str, ...] = ()) -> Any:
+def sweep_config(*overrides: str, sweeps: tuple[str, ...] = (), search: str = "es_optuna") -> Any:
     """The sweep's config as its callback sees it; ``sweeps``: command-line sweep expressions
     (compose() refuses them outside a multirun, so they are added as Hydra records them)."""
     with initialize_config_dir(config_dir=CONF):
         cfg = compose(
-            "config", overrides=["hparams_search=es_optuna", *overrides], return_hydra_config=True
+            "config", overrides=[f"hparams_search={search}", *overrides], return_hydra_config=True
         )
     with read_write(cfg.hydra.overrides.task):
         cfg.hydra.overrides.task += list(sweeps)
@@ -274,6 +277,46 @@ def test_persistent_server_rank_must_cover_the_search() -> None:
         check_rank_cover(cfg, search_space(cfg))
         cfg = sweep_config(server, "lora.rank=4")  # one rank: the engine sizes the server
         check_rank_cover(cfg, search_space(cfg))
+
+
+def test_pareto_sweep_finds_the_reward_vs_kl_front(tmp_path: Path) -> None:
+    """hparams_search=es_pareto on the tiny model (3 trials, about 15 s): a two-objective study
+    (reward up, KL down), every trial a child run logging both, the Pareto-optimal trials
+    listed at the end and kept on the parent run."""
+    sweep_dir, out = sweep(tmp_path, "pareto", search="es_pareto")
+    done = study(tmp_path)
+    assert [d.name for d in done.directions] == ["MAXIMIZE", "MINIMIZE"]
+    assert all(t.state is TrialState.COMPLETE and len(t.values) == 2 for t in done.trials)
+    parent, children = mlflow_runs(tmp_path)
+    logged = {
+        (c.data.metrics["eval/reward_mean"], c.data.metrics["eval/kl_mean"]) for c in children
+    }
+    assert logged == {tuple(t.values) for t in done.trials}
+    best = sorted(t.number for t in done.best_trials)
+    goals = "maximize eval/reward_mean, minimize eval/kl_mean"
+    assert f"Pareto front: {len(best)} of 3 completed trial(s) ({goals})" in out
+    assert sorted(int(n) for n in re.findall(r"  trial (\d+): eval/reward_mean=", out)) == best
+    assert parent.data.metrics["pareto_size"] == len(best)
+    assert sorted(t["trial"] for t in json.loads(parent.data.tags["pareto_trials"])) == best
+    assert "solutions" in yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+
+
+def test_objectives_need_one_direction_each_and_an_engine_that_scores_kl() -> None:
+    check_objectives(sweep_config(search="es_pareto"))
+    check_objectives(sweep_config())  # one objective, one direction
+    with pytest.raises(ConfigError, match=r"hydra\.sweeper\.direction: has 1 direction"):
+        check_objectives(sweep_config("hydra.sweeper.direction=[maximize]", search="es_pareto"))
+    with pytest.raises(ConfigError, match="scored by the local engine only"):
+        check_objectives(sweep_config("server=sglang", search="es_pareto"))
+
+
+def test_pareto_keeps_the_trials_no_other_beats() -> None:
+    points = [Best(0, (1.0, 0.5), {}), Best(1, (2.0, 0.9), {}), Best(2, (0.5, 0.6), {})]
+    points += [Best(3, (1.0, 0.5), {}), Best(4, (2.0, 1.0), {})]  # a tie stays, 4 is beaten by 1
+    front = pareto(points, ["maximize", "minimize"])
+    assert [b.number for b in front] == [1, 0, 3]
+    assert _finite([1.0, 2.0], 2) == (1.0, 2.0)
+    assert _finite([1.0, float("nan")], 2) is None and _finite(3.0, 2) is None
 
 
 def test_resume_seed_is_fresh_per_study_size_and_worker() -> None:

@@ -3,7 +3,7 @@
 Every engine, in-process (:mod:`evolm.engine.local`) or a client of a remote server
 (:mod:`evolm.server`), subclasses :class:`Engine`: the three required methods have no default,
 the optional hooks (:attr:`Engine.last_timings`, :meth:`Engine.use_layout`) have no-op ones, so
-callers use them without probing.
+callers use them without probing (:meth:`Engine.kl_to_base` too: None where unsupported).
 """
 
 from __future__ import annotations
@@ -17,6 +17,43 @@ from evolm.sampling import Sampling
 
 Row = tuple[int, int]
 """One generation row: ``(member, prompt)`` indices into a population and its prompts."""
+
+
+class Completion(str):
+    """A completion's text, plus what its engine knows of how it was generated.
+
+    It is a ``str`` (tasks score it as text); an engine that knows more returns these instead
+    of plain strings: the local engine (``token_ids`` too) and SGLang. None where the engine
+    does not say (vLLM's ``tokens``; any plain ``str``: read them with :func:`completion_info`).
+    """
+
+    tokens: int | None
+    """New tokens generated, the EOS not counted."""
+    truncated: bool | None
+    """Whether generation stopped at the token budget (``max_new_tokens``) before an EOS."""
+    token_ids: tuple[int, ...] | None
+    """The generated token ids (EOS not included)."""
+
+    def __new__(
+        cls,
+        text: str,
+        tokens: int | None = None,
+        truncated: bool | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> Completion:
+        self = super().__new__(cls, text)
+        self.token_ids = None if token_ids is None else tuple(token_ids)
+        self.tokens = len(self.token_ids) if tokens is None and token_ids is not None else tokens
+        self.truncated = truncated
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled (a distributed gather) with its fields
+        return (Completion, (str(self), self.tokens, self.truncated, self.token_ids))
+
+
+def completion_info(text: str) -> tuple[int | None, bool | None]:
+    """``(tokens, truncated)`` of a completion: None each for a plain ``str``."""
+    return getattr(text, "tokens", None), getattr(text, "truncated", None)
 
 
 class Engine(Protocol):
@@ -72,6 +109,14 @@ class Engine(Protocol):
     def last_timings(self) -> Mapping[str, float]:
         """Seconds (or counts) of the last ``generate``'s phases, logged as ``time/engine_*``."""
         return {}
+
+    def kl_to_base(
+        self, prompts: Sequence[str], completions: Sequence[str], adapter: LoraPopulation
+    ) -> list[list[float]] | None:
+        """Per completion of ``prompts[i]``, the KL(adapted || base) of each next-token
+        distribution that produced it (teacher-forced, temperature 1), adapted by the one
+        member of ``adapter``; None where the engine cannot score (servers)."""
+        return None
 
     def use_layout(self, layout: LoraLayout) -> None:
         """Serve adapters of ``layout`` from now on (a sweep trial reusing this engine with

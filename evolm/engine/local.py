@@ -27,7 +27,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evolm.engine.base import Engine, Row, chat_prompt
+from evolm.engine.base import Completion, Engine, Row, chat_prompt
 from evolm.engine.fast.fp8 import fp8_shape_problem
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
@@ -35,6 +35,7 @@ from evolm.engine.fast.runner import FastGenerator
 from evolm.engine.fast.slots import SlotGenerator
 from evolm.engine.fast.weights import unsupported_reason
 from evolm.engine.hf.generation import generate_tokens, strip_after_eos
+from evolm.engine.hf.kl import Scored, kl_along
 from evolm.engine.hf.multilora import attach, load_population
 from evolm.engine.kernels import FP8
 from evolm.errors import ConfigError
@@ -336,9 +337,7 @@ class LocalEngine(Engine):
             tokens = self.generate_ids(
                 ids.repeat(hi - lo, 1), mask.repeat(hi - lo, 1), chunk, sampling, generator
             )
-            texts = self.tokenizer.batch_decode(
-                strip_after_eos(tokens, self.eos_ids), skip_special_tokens=True
-            )
+            texts = self.completions(tokens)
             out += [texts[m * len(prompts) : (m + 1) * len(prompts)] for m in range(hi - lo)]
         return out
 
@@ -368,9 +367,45 @@ class LocalEngine(Engine):
             sampling,
             generator,
         )
-        return self.tokenizer.batch_decode(
-            strip_after_eos(tokens, self.eos_ids), skip_special_tokens=True
-        )
+        return self.completions(tokens)
+
+    def completions(self, tokens: torch.Tensor) -> list[str]:
+        """The texts of new tokens ``[rows, steps]`` (each row up to its first EOS), as
+        :class:`Completion` s: a row without an EOS ran out of budget (truncated)."""
+        kept = strip_after_eos(tokens, self.eos_ids)
+        texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
+        steps = tokens.shape[1]
+        return [
+            Completion(text, truncated=len(ids) == steps, token_ids=ids)
+            for text, ids in zip(texts, kept, strict=True)
+        ]
+
+    def kl_to_base(
+        self, prompts: Sequence[str], completions: Sequence[str], adapter: LoraPopulation
+    ) -> list[list[float]]:
+        """Per completion, the KL(adapted || base) of the next-token distributions that
+        produced it (:mod:`evolm.engine.hf.kl`): a teacher-forced forward of the transformers
+        modules with and without the adapter (the fast path's weights are theirs too; with
+        ``quantization=fp8`` the unquantized ones)."""
+        rows = [self._scored(p, c) for p, c in zip(prompts, completions, strict=True)]
+
+        def use(adapted: bool) -> None:
+            load_population(self.layers, adapter if adapted else None, self.device, self.dtype)
+
+        try:
+            return kl_along(self.model, rows, use, self.pad_id)
+        finally:
+            use(False)
+
+    def _scored(self, prompt: str, completion: str) -> Scored:
+        """A completion's ids as generated (a plain string: tokenized), plus the EOS step
+        unless it was cut at the budget."""
+        ids = getattr(completion, "token_ids", None)
+        if ids is None:
+            ids = self.tokenizer(completion, add_special_tokens=False)["input_ids"]
+        ended = getattr(completion, "truncated", None) is not True
+        prompt_ids = list(self.tokenizer(prompt)["input_ids"])
+        return Scored(prompt_ids, list(ids), len(ids) + ended)
 
     def generate_ids(
         self,

@@ -3,13 +3,11 @@ and the multipliers handed to ES, in the units ``lora.sigma_units`` gives ``es.s
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
-from safetensors import safe_open
-
 from evolm.lora.layout import LoraLayout
+from evolm.lora.norms import target_weights
 from evolm.lora.spec import LoraSpec
 
 
@@ -22,17 +20,9 @@ def weight_mean_scales(model_dir: str | Path, layout: LoraLayout) -> list[float]
 
     Reads only the target weights from the model's safetensors files (no model load).
     """
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-    else:
-        weight_map = defaultdict(lambda: "model.safetensors")
     per_layer: dict[int, list[float]] = defaultdict(list)
-    for t in layout.targets:
-        name = f"{t.path}.weight"
-        with safe_open(str(model_dir / weight_map[name]), framework="pt") as f:
-            per_layer[t.layer].append(f.get_tensor(name).float().abs().mean().item())
+    for t, w in zip(layout.targets, target_weights(model_dir, layout), strict=True):
+        per_layer[t.layer].append(w.float().abs().mean().item())
     layer_scale = {layer: sum(v) / len(v) for layer, v in per_layer.items()}
     return [layer_scale[t.layer] for t in layout.targets for _ in (0, 1)]
 

@@ -32,7 +32,8 @@ file came from: a checkpoint converted from the packages serves ``gguf_file`` an
   difference: a dequantized weight (a 16-bit float scale times a 4-8 bit integer) rounded to
   bf16's 8 significant bits, a relative change of at most 2^-9, several times below the
   quantization step the file already has. bf16 -> float32 is exact, and the tests compare the
-  checkpoint with the GGUF rounded the same way, logit for logit.
+  checkpoint with the GGUF rounded the same way: every tensor against gguf-py's dequantization,
+  and the logits against transformers' GGUF loader (tests/test_qwen_coder.py).
 - SmolLM2: ``float32`` as before (540 MB): the checkpoints its CPU results were measured on.
 """
 

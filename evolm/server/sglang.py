@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from evolm.engine.base import Engine
+from evolm.engine.base import Completion, Engine
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
 from evolm.sampling import Sampling
@@ -253,10 +253,24 @@ class SGLangEngine(RemoteEngine):
         ]
 
     def parse(self, answers: list[Any], members: int, prompts: int) -> list[list[str]]:
-        texts = [row["text"] for answer in answers for row in answer]
+        texts = [sglang_completion(row) for answer in answers for row in answer]
         if len(texts) != members * prompts:
             raise RuntimeError(f"SGLang returned {len(texts)} texts for {members * prompts}")
         return [texts[m * prompts : (m + 1) * prompts] for m in range(members)]
+
+
+def sglang_completion(row: dict[str, Any]) -> Completion:
+    """One ``/generate`` answer row: its text, with its ``meta_info``'s token count and
+    finish reason (``length``: cut at the budget) where the server gives them."""
+    meta = row.get("meta_info") or {}
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else None
+    tokens = meta.get("completion_tokens")
+    return Completion(
+        row["text"],
+        tokens=tokens if isinstance(tokens, int) else None,
+        truncated=None if kind is None else kind == "length",
+    )
 
 
 def sglang_servers(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from evolm.engine.base import Completion
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
 from evolm.sampling import Sampling
@@ -197,5 +198,12 @@ class VLLMEngine(RemoteEngine):
             choices = sorted(answer["choices"], key=lambda c: c["index"])
             if len(choices) != prompts:
                 raise RuntimeError(f"vLLM returned {len(choices)} completions for {prompts}")
-            out.append([c["text"] for c in choices])
+            out.append([vllm_completion(c) for c in choices])
         return out
+
+
+def vllm_completion(choice: dict[str, Any]) -> Completion:
+    """One ``/v1/completions`` choice: its text and whether it stopped at the budget
+    (``finish_reason: length``); vLLM gives no per-choice token count."""
+    reason = choice.get("finish_reason")
+    return Completion(choice["text"], truncated=None if reason is None else reason == "length")

@@ -10,9 +10,11 @@ Runs in the sweeping process, around the trials:
   (:mod:`evolm.tracking.sweep`) and exports its id and store to the trials' MLflow logger
   (``MLFLOW_PARENT_RUN_ID``, ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``);
 - before each trial: records its owner process on the trial;
-- after each trial: the best trial so far onto the parent;
-- end: the final best from the study, and how many engines the sweep started (one, unless the
-  ``server`` node changed between trials).
+- after each trial: the best trial so far onto the parent (several objectives, as
+  ``hparams_search=es_pareto``: the Pareto front so far);
+- end: the final best from the study (several objectives: the Pareto-optimal trials, logged
+  one per line), and how many engines the sweep started (one, unless the ``server`` node
+  changed between trials).
 
 Hydra turns an exception raised in a callback into a warning, so a bad configuration ends the
 sweep here with ``SystemExit(2)``, and tracking errors are logged, never raised.
@@ -32,9 +34,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.sweep import stale
-from evolm.sweep.study import Finished, study_counts, summarize
+from evolm.sweep.study import Finished, directions, front, study_counts, summarize
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,32 @@ def ensure_sqlite_dir(url: str | None) -> None:
         Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
+def objectives(config: DictConfig) -> list[str]:
+    """The metrics the trials return (``optimized_metric``: one name or a list)."""
+    names = config.optimized_metric
+    return [names] if isinstance(names, str) else [str(n) for n in names]
+
+
+def check_objectives(config: DictConfig) -> None:
+    """One direction per objective; a KL objective needs an engine that scores it (local)."""
+    names, ways = objectives(config), directions(config.hydra.sweeper)
+    if len(names) != len(ways):
+        raise ConfigError(
+            "hydra.sweeper.direction",
+            f"has {len(ways)} direction(s) {ways} for the {len(names)} objective(s) {names} of "
+            "optimized_metric",
+            "give one direction per objective, e.g. hydra.sweeper.direction=[maximize,minimize]",
+        )
+    target = str(config.server.get("_target_", ""))
+    kl = [n for n in names if n in (M.EVAL_KL_MEAN, M.EVAL_KL_STD)]
+    if kl and not target.startswith("evolm.engine.local"):
+        raise ConfigError(
+            "server",
+            f"{kl} is scored by the local engine only; this sweep's server is {target}",
+            "use server=local, or drop the KL objective (hparams_search=es_optuna)",
+        )
+
+
 def parse_value(text: str) -> Any:
     value = OverridesParser.create().parse_overrides([f"x={text}"])[0].value()
     return value if isinstance(value, int | float | str | bool) else text
@@ -125,6 +154,7 @@ class SweepCallback(Callback):
         self.space = search_space(config)
         try:
             check_rank_cover(config, self.space)
+            check_objectives(config)
             stale.check_storage(sweeper.get("storage"))
             if self.tracking_uri is not None and sweeper.get("study_name") is None:
                 raise ConfigError(
@@ -154,7 +184,8 @@ class SweepCallback(Callback):
         os.environ["MLFLOW_EXPERIMENT_NAME"] = self.experiment_name
         sampler = sweeper.sampler
         settings = {
-            "direction": sweeper.direction,
+            "direction": ",".join(directions(sweeper)),
+            "objectives": ",".join(objectives(config)),
             "sampler": sampler.get("_target_"),
             "seed": config.seed,  # the sampler's seed derives from it (resolving it reads the DB)
             "n_trials": sweeper.n_trials,
@@ -173,8 +204,8 @@ class SweepCallback(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         value = None
-        if job_return.status is JobStatus.COMPLETED:
-            value = _finite(job_return._return_value)  # NaN: optuna records a failure
+        if job_return.status is JobStatus.COMPLETED:  # NaN: optuna records a failure
+            value = _finite(job_return._return_value, len(directions(config.hydra.sweeper)))
         if value is None and self.first_error is None:
             self.first_error = _error_text(job_return)
         done = Finished(self._params(job_return.overrides or ()), value)
@@ -192,6 +223,8 @@ class SweepCallback(Callback):
             LocalEngine.loads,
         )
         self._update(config, pending=None)
+        if len(directions(config.hydra.sweeper)) > 1:
+            self._log_front(config)
         if self.parent is not None:
             self.parent.finish()
         if self.own and all(f.value is None for f in self.own):
@@ -224,14 +257,36 @@ class SweepCallback(Callback):
         return {k: parse_value(v) for k, v in pairs if k in keys}
 
     def _update(self, config: DictConfig, pending: Finished | None) -> None:
-        """The best trial so far onto the parent run (best effort: never ends a sweep)."""
+        """The best trial so far (several objectives: the Pareto front) onto the parent run
+        (best effort: never ends a sweep)."""
         if self.parent is None:
             return
+        sweeper = config.hydra.sweeper
         try:
-            best, complete, failed = summarize(config.hydra.sweeper, self.own, pending)
+            if len(directions(sweeper)) > 1:
+                pareto, complete, failed = front(sweeper, self.own, pending)
+                self.parent.record_front(pareto, objectives(config), complete, failed)
+                return
+            best, complete, failed = summarize(sweeper, self.own, pending)
             self.parent.record_best(best, complete, failed)
         except Exception as e:
             log.warning("could not update the sweep's MLflow parent run: %s", e)
+
+    def _log_front(self, config: DictConfig) -> None:
+        """The Pareto-optimal trials of the study (or of this process, in memory), one a line."""
+        try:
+            pareto, complete, _ = front(config.hydra.sweeper, self.own, None)
+        except Exception as e:  # an unreadable study: the sweeper reports it
+            log.warning("could not read the study's Pareto front: %s", e)
+            return
+        names = objectives(config)
+        ways = directions(config.hydra.sweeper)
+        goals = ", ".join(f"{d} {n}" for d, n in zip(ways, names, strict=True))
+        log.info("Pareto front: %d of %d completed trial(s) (%s):", len(pareto), complete, goals)
+        for b in pareto:
+            values = b.value if isinstance(b.value, tuple) else (b.value,)
+            shown = ", ".join(f"{n}={v:.6g}" for n, v in zip(names, values, strict=True))
+            log.info("  trial %s: %s, params %s", b.number, shown, b.params)
 
 
 def _is_sweep(expression: str) -> bool:
@@ -247,7 +302,13 @@ def _error_text(job_return: JobReturn) -> str:
     return f"it returned {value!r}, not a finite number"
 
 
-def _finite(value: object) -> float | None:
+def _finite(value: object, objectives: int = 1) -> float | tuple[float, ...] | None:
+    """A trial's finite value (several objectives: a tuple of that many), else None."""
+    if objectives > 1:
+        if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != objectives:
+            return None
+        values = [_finite(v) for v in value]
+        return None if None in values else tuple(v for v in values if isinstance(v, float))
     try:
         value = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

@@ -1,4 +1,5 @@
-"""The best trial of a sweep so far, from the Optuna study and the trial that just ended."""
+"""The best trial of a sweep so far (or, with several objectives, its Pareto front), from the
+Optuna study and the trial that just ended."""
 
 from __future__ import annotations
 
@@ -23,15 +24,23 @@ class Finished:
     """A trial that ended in this process: its sampled params and value (None: failed)."""
 
     params: dict[str, Any]
-    value: float | None
+    value: float | tuple[float, ...] | None  # a tuple: one value per objective
+
+
+def directions(sweeper: DictConfig) -> list[str]:
+    """``maximize`` / ``minimize`` per objective (a string, a list, or Direction enums)."""
+    direction = sweeper.direction
+    listed = (
+        direction
+        if not isinstance(direction, str) and isinstance(direction, Sequence)
+        else [direction]
+    )
+    return ["maximize" if str(d).endswith("maximize") else "minimize" for d in listed]
 
 
 def maximizing(sweeper: DictConfig) -> bool:
-    """The (first) direction is maximize (a string, or the sweeper's Direction enum)."""
-    direction = sweeper.direction
-    if not isinstance(direction, str) and isinstance(direction, Sequence):
-        direction = direction[0]
-    return str(direction).endswith("maximize")
+    """The (first) direction is maximize."""
+    return directions(sweeper)[0] == "maximize"
 
 
 def load_study(sweeper: DictConfig) -> optuna.Study | None:
@@ -100,11 +109,47 @@ def summarize(
 ) -> tuple[Best | None, int, int]:
     """``(best, complete, failed)`` over the study's told trials plus ``pending`` (the trial
     that just ended, not told yet); over ``own`` when the study is in memory."""
+    candidates, complete, failed = completed(sweeper, own, pending)
+    return _pick(candidates, maximizing(sweeper)), complete, failed
+
+
+def front(
+    sweeper: DictConfig, own: Sequence[Finished], pending: Finished | None
+) -> tuple[list[Best], int, int]:
+    """``(Pareto front, complete, failed)`` of a multi-objective sweep, as :func:`summarize`."""
+    candidates, complete, failed = completed(sweeper, own, pending)
+    return pareto(candidates, directions(sweeper)), complete, failed
+
+
+def pareto(points: Sequence[Best], directions: Sequence[str]) -> list[Best]:
+    """The points no other point dominates (as good in every objective, better in one),
+    ordered by their first objective, best first."""
+    signs = [1.0 if d == "maximize" else -1.0 for d in directions]
+
+    def score(b: Best) -> tuple[float, ...]:
+        values = b.value if isinstance(b.value, tuple) else (b.value,)
+        return tuple(s * v for s, v in zip(signs, values, strict=True))
+
+    def dominated(p: Best) -> bool:
+        mine = score(p)
+        return any(
+            all(o >= m for o, m in zip(other, mine, strict=True)) and other != mine
+            for other in map(score, points)
+        )
+
+    return sorted((p for p in points if not dominated(p)), key=score, reverse=True)
+
+
+def completed(
+    sweeper: DictConfig, own: Sequence[Finished], pending: Finished | None
+) -> tuple[list[Best], int, int]:
+    """``(completed trials, complete, failed)``: the study's told trials plus ``pending``, or
+    ``own`` when the study is in memory."""
     study = load_study(sweeper)
     if study is None:
         candidates = [Best(None, f.value, f.params) for f in own if f.value is not None]
         failed = sum(f.value is None for f in own)
-        return _pick(candidates, maximizing(sweeper)), len(own) - failed, failed
+        return candidates, len(own) - failed, failed
     trials = study.get_trials(deepcopy=False)
     candidates = [_best(t) for t in trials if t.state is TrialState.COMPLETE]
     complete, failed = len(candidates), sum(t.state is TrialState.FAIL for t in trials)
@@ -116,12 +161,13 @@ def summarize(
             running = [t for t in trials if t.state is TrialState.RUNNING]
             number = next((t.number for t in running if t.params == pending.params), None)
             candidates.append(Best(number, pending.value, pending.params))
-    return _pick(candidates, maximizing(sweeper)), complete, failed
+    return candidates, complete, failed
 
 
 def _best(trial: FrozenTrial) -> Best:
-    assert trial.value is not None
-    return Best(trial.number, trial.value, dict(trial.params))
+    assert trial.values is not None
+    values = tuple(trial.values)
+    return Best(trial.number, values[0] if len(values) == 1 else values, dict(trial.params))
 
 
 def _pick(candidates: list[Best], maximize: bool) -> Best | None:

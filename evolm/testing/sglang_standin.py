@@ -226,6 +226,19 @@ class Standin:
         return engine, LoraPopulation(engine.layout, tuple(tensors))
 
 
+def meta_info(text: str) -> dict[str, Any]:
+    """What SGLang's ``/generate`` says of a completion: an id, its token count and why it
+    stopped (``length``: the budget), from the local engine's :class:`Completion`."""
+    tokens, truncated = getattr(text, "tokens", None), getattr(text, "truncated", None)
+    info: dict[str, Any] = {"id": uuid.uuid4().hex}
+    if tokens is not None:
+        info["completion_tokens"] = tokens
+    if truncated is not None:
+        kind = "length" if truncated else "stop"
+        info["finish_reason"] = {"type": kind, **({"length": tokens} if truncated else {})}
+    return info
+
+
 class Handler(BaseHTTPRequestHandler):
     standin: Standin  # set on the subclass made in ``serve``
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
@@ -256,7 +269,7 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or "{}")
             if path == "/generate":
                 texts = s.generate(body)
-                out = [{"text": t, "meta_info": {"id": uuid.uuid4().hex}} for t in texts]
+                out = [{"text": t, "meta_info": meta_info(t)} for t in texts]
                 single = isinstance(body.get("text"), str)
                 self._send(HTTPStatus.OK, out[0] if single else out)
             elif path in ("/load_lora_adapter", "/unload_lora_adapter"):

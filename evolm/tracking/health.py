@@ -13,6 +13,12 @@ logger copies onto the MLflow run: ``evolm.health``), and with ``abort=true`` en
 is reported apart, as a run that has stopped learning (converged, or the task saturated), not
 one that never could. A generation in which more than ``max_nonfinite`` of the members had a
 NaN/inf fitness (they rank worst) ends the run at once.
+
+A run that learns the wrong thing is reported the same way (``gaming_empty``,
+``gaming_truncated``): when for ``patience`` generations the population's fitness is above its
+first generation's while its share of empty completions, or of completions cut at the token
+budget, has risen by ``gaming_rise`` or more (:mod:`evolm.diagnostics`), the reward pays for
+answering nothing (or for never stopping): ``THIS RUN IS GAMING ITS REWARD``, naming the metric.
 """
 
 from __future__ import annotations
@@ -53,7 +59,21 @@ ADVICE = {
         "fitness differs: es.alpha is too small to change an fp32 mean, or es.optimizer "
         "settings cancel the step"
     ),
+    "gaming_empty": (
+        "the population's fitness rose from {start} to {fitness} while its share of empty "
+        "completions ({metric}) rose from {share_start} to {share}: the reward pays for "
+        "answering nothing. Check what the task's reward gives an empty completion (conciseness "
+        "scores it -len(reference), above a long wrong answer) and read the mean's completions"
+    ),
+    "gaming_truncated": (
+        "the population's fitness rose from {start} to {fitness} while its share of completions "
+        "cut at the token budget ({metric}) rose from {share_start} to {share}: the reward pays "
+        "for length, or for answers that never end. Check the task's reward for long answers, "
+        "and task.max_new_tokens"
+    ),
 }
+GAMING = {"gaming_empty": M.EMPTY_SHARE, "gaming_truncated": M.TRUNCATED_SHARE}
+"""Reward-gaming conditions and the diagnostic (``train/<name>``) each watches."""
 
 
 class LearningMonitor(Callback):
@@ -67,6 +87,9 @@ class LearningMonitor(Callback):
         max_nonfinite: the largest fraction of a generation's members whose fitness may be
             non-finite (NaN/inf rewards: they rank worst and the run goes on); more, and the
             run stops at once with RunAborted, whatever ``abort`` says (1.0: never).
+        gaming_rise: how much the share of empty (or truncated) completions must have risen
+            since the first generation, with the fitness above the first generation's, to be
+            reported as reward gaming (in (0, 1]; 1.0 only flags a rise from none to all).
     """
 
     every_rank = True  # its abort must stop every rank of a distributed run alike
@@ -77,6 +100,7 @@ class LearningMonitor(Callback):
         abort: bool = False,
         population_size: int | None = None,
         max_nonfinite: float = 0.5,
+        gaming_rise: float = 0.25,
     ) -> None:
         if patience < 1:
             raise ConfigError("patience", f"must be >= 1, got {patience}", "e.g. 3")
@@ -84,7 +108,11 @@ class LearningMonitor(Callback):
             raise ConfigError(
                 "max_nonfinite", f"must be in [0, 1], got {max_nonfinite}", "e.g. 0.5 (1.0: off)"
             )
-        self.patience, self.abort = patience, abort
+        if not 0.0 < gaming_rise <= 1.0:
+            raise ConfigError(
+                "gaming_rise", f"must be in (0, 1], got {gaming_rise}", "e.g. 0.25 (1.0: lenient)"
+            )
+        self.patience, self.abort, self.gaming_rise = patience, abort, gaming_rise
         self.population_size, self.max_nonfinite = population_size, max_nonfinite
         self._reset()
 
@@ -92,9 +120,11 @@ class LearningMonitor(Callback):
         self.streaks: dict[str, int] = dict.fromkeys(ADVICE, 0)
         self.reported: set[str] = set()
         self.learned = 0  # generations whose members' fitness differed and the mean moved
+        self.first: Record | None = None  # the run's first generation (the gaming baseline)
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self._reset()
+        self.first = next((r for r in ctx.history if M.FITNESS_STD in r), None)
 
     def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
         if M.FITNESS_STD not in record:
@@ -109,12 +139,25 @@ class LearningMonitor(Callback):
             "members_stalled": stalled,
             "no_fitness": not math.isfinite(mean),
             "mean_static": math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] == 0.0,
+            **self._gaming(record),
         }
         self.learned += bool(math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] > 0.0)
         for condition, holds in now.items():
             self.streaks[condition] = self.streaks[condition] + 1 if holds else 0
             if self.streaks[condition] >= self.patience and condition not in self.reported:
                 self._report(ctx, condition, record)
+
+    def _gaming(self, record: Record) -> dict[str, bool]:
+        """Whether the fitness is above the first generation's while a share of degenerate
+        completions has risen by ``gaming_rise``, per condition of :data:`GAMING`."""
+        first = self.first = self.first or record
+        rose = record[M.FITNESS_MEAN] > first[M.FITNESS_MEAN]  # False for NaN
+        out = {}
+        for condition, key in GAMING.items():
+            name = M.train_diagnostic(key)
+            grown = record.get(name, 0.0) - first.get(name, math.inf)
+            out[condition] = bool(rose and grown >= self.gaming_rise)
+        return out
 
     def _check_nonfinite(self, record: Record) -> None:
         """Stop the run when more than ``max_nonfinite`` of the members had no finite fitness."""
@@ -132,7 +175,10 @@ class LearningMonitor(Callback):
     def _report(self, ctx: RunContext, condition: str, record: Record) -> None:
         self.reported.add(condition)
         message = ADVICE[condition].format(
-            fitness=f"{record[M.FITNESS_MEAN]:.6g}", n=self.streaks[condition], learned=self.learned
+            fitness=f"{record[M.FITNESS_MEAN]:.6g}",
+            n=self.streaks[condition],
+            learned=self.learned,
+            **self._gaming_figures(condition, record),
         )
         ctx.tags[TAG] = condition
         if self.abort:
@@ -143,7 +189,27 @@ class LearningMonitor(Callback):
         if condition == "members_stalled":
             log.warning("THIS RUN HAS STOPPED LEARNING: %s.", message)
             return
+        if condition in GAMING:
+            log.warning(
+                "THIS RUN IS GAMING ITS REWARD (%s): %s. Set callbacks.health.abort=true to stop "
+                "such runs.",
+                M.train_diagnostic(GAMING[condition]),
+                message,
+            )
+            return
         log.warning(
             "THIS RUN IS NOT LEARNING: %s. Set callbacks.health.abort=true to stop such runs.",
             message,
         )
+
+    def _gaming_figures(self, condition: str, record: Record) -> dict[str, str]:
+        """The numbers a reward-gaming message quotes (none for the other conditions)."""
+        if condition not in GAMING or self.first is None:
+            return {}
+        name = M.train_diagnostic(GAMING[condition])
+        return {
+            "start": f"{self.first[M.FITNESS_MEAN]:.6g}",
+            "metric": name,
+            "share_start": f"{self.first[name]:.2f}",
+            "share": f"{record[name]:.2f}",
+        }

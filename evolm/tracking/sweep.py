@@ -32,6 +32,7 @@ from evolm.tracking.store import mlflow_client, sqlite_lock
 log = logging.getLogger(__name__)
 
 PARENT_ENV = "MLFLOW_PARENT_RUN_ID"
+MAX_TAG = 8000  # MLflow's limit on a tag value
 KEY_TAG = "evolm.sweep_key"
 
 
@@ -81,7 +82,7 @@ class Best:
     """The best trial so far: its optuna number (None: not told yet), value and params."""
 
     number: int | None
-    value: float
+    value: float | tuple[float, ...]  # a tuple: one value per objective (es_pareto)
     params: dict[str, Any]
 
 
@@ -160,6 +161,33 @@ class SweepRun:
             tags.append(RunTag("best_params", json.dumps(best.params, sort_keys=True)))
             if best.number is not None:
                 tags.append(RunTag("best_trial", str(best.number)))
+        self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
+
+    def record_front(self, front: list[Best], names: list[str], complete: int, failed: int) -> None:
+        """A multi-objective sweep's Pareto front so far (metric ``pareto_size``; tag
+        ``pareto_trials``: each trial's number, objective values by name, and params) and the
+        trial counts."""
+        now, step = get_current_time_millis(), complete + failed
+        metrics = [
+            Metric("trials_complete", complete, now, step),
+            Metric("trials_failed", failed, now, step),
+            Metric("pareto_size", len(front), now, step),
+        ]
+        trials = [
+            {
+                "trial": b.number,
+                **dict(
+                    zip(names, b.value if isinstance(b.value, tuple) else (b.value,), strict=True)
+                ),
+                "params": b.params,
+            }
+            for b in front
+        ]
+        text = json.dumps(trials, sort_keys=True)
+        while len(text) > MAX_TAG:  # the best trials of the first objective that fit
+            trials.pop()
+            text = json.dumps(trials, sort_keys=True)
+        tags = [RunTag("pareto_trials", text)]
         self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
 
     def finish(self) -> None:

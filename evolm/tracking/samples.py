@@ -1,0 +1,50 @@
+"""What the mean now says: a few eval completions written at every evaluation of the mean."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from evolm.errors import ConfigError
+from evolm.loop import Callback, RunContext, Sample
+from evolm.tracking.callbacks import json_line
+
+
+class SampleWriter(Callback):
+    """At every evaluation of the mean, writes its first ``count`` eval prompts, with the
+    mean's completion and the task's scores, to ``<run dir>/<dirname>/gen-<generation>.jsonl``
+    (one JSON object a line: ``generation``, ``prompt``, ``completion``, ``scores``; written
+    atomically, the generation zero-padded so the files sort). The MLflow logger uploads the
+    folder at the end (``logger.mlflow.artifacts``). In a distributed run: rank 0's prompts.
+
+    Args:
+        count: prompts per evaluation (0: none).
+        dirname: the folder in the run directory.
+    """
+
+    def __init__(self, count: int = 4, dirname: str = "samples") -> None:
+        if count < 0:
+            raise ConfigError("count", f"must be >= 0, got {count}", "e.g. 4 (0: off)")
+        self.count, self.dirname = count, dirname
+
+    def on_eval(self, ctx: RunContext, generation: int, samples: Sequence[Sample]) -> None:
+        if not self.count:
+            return
+        width = len(str(ctx.generations))
+        path = Path(ctx.output_dir) / self.dirname / f"gen-{generation:0{width}d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [
+            json_line(
+                {
+                    "generation": generation,
+                    "prompt": s.prompt,
+                    "completion": str(s.completion),
+                    "scores": s.scores,
+                }
+            )
+            for s in samples[: self.count]
+        ]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(lines), encoding="utf-8")
+        os.replace(tmp, path)
