@@ -4,7 +4,9 @@ python -m evolm task=conciseness es.sigma=0.01 lora.rank=2 es.population_size=16
 
 A run that fails on a known cause logs one message and exits non-zero without a traceback
 (``HYDRA_FULL_ERROR=1`` shows it): bad configuration 2, aborted on purpose 3, a service that
-stays down 4. A run that fails before it started leaves no run directory behind.
+stays down 4. A run that fails before it started leaves no run directory behind. SIGINT and
+SIGTERM stop a run cleanly (:mod:`evolm.interrupt`): its last finished generation is
+checkpointed, the resume command logged, and the exit code is 130 or 143 (128 + the signal).
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the structured-config schemas)
-from evolm import dist, sweep  # noqa: F401  (sweep registers its ${evolm_sweep_seed:...} resolver)
+from evolm import (
+    dist,
+    interrupt,
+    sweep,  # noqa: F401  (registers its ${evolm_sweep_seed:...} resolver)
+)
 from evolm.compose_check import check_command_line
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
 from evolm.rundir import LOCK
@@ -43,12 +50,14 @@ def job(cfg: DictConfig) -> float | list[float]:
 
     what = "run directory (resumed):" if cfg.resume is not None else "run directory:"
     log.info("%s %s", what, cfg.output_dir)  # first: a run logging to a file says where it is
-    joined = False
+    joined = finished = False
     if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
         dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
         joined = True
     try:
-        return train(cfg)
+        value = train(cfg)
+        finished = True
+        return value
     except (ConfigError, RunAborted, ServiceUnavailable) as e:
         kind = next(k for k in EXIT if isinstance(e, k))
         log.error("%s: %s", WHAT[kind], e)
@@ -59,9 +68,27 @@ def job(cfg: DictConfig) -> float | list[float]:
         if cfg.resume is None and dist.current().rank == 0:
             remove_unstarted(Path(cfg.output_dir))
         raise SystemExit(EXIT[kind]) from None
+    except BaseException as e:
+        stop = None if isinstance(e, SystemExit) else interrupt.interruption(e)
+        if stop is None or in_multirun():
+            raise  # a sweep ends on Ctrl-C / SIGTERM
+        stopped(cfg, stop)
     finally:
         if joined:
-            dist.teardown()
+            dist.teardown(finished)
+
+
+def stopped(cfg: DictConfig, stop: interrupt.Interrupted) -> NoReturn:
+    """End a run stopped by SIGINT/SIGTERM: the resume command of a started run, no traceback,
+    exit ``128 + signal``."""
+    run_dir = Path(cfg.output_dir)
+    if cfg.resume is not None or (run_dir / "config.yaml").exists():
+        log.error("run stopped by %s; continue it: python -m evolm resume=%s", stop.name, run_dir)
+    else:
+        log.error("stopped by %s before the run started", stop.name)
+        if dist.current().rank == 0:
+            remove_unstarted(run_dir)
+    raise SystemExit(stop.exit_code) from None
 
 
 def remove_unstarted(run_dir: Path) -> None:
@@ -86,6 +113,7 @@ def main() -> None:
     with several processes, it joins the process group first (:mod:`evolm.dist`), so every rank
     shares rank 0's clock (``${evolm.now:...}``: one run directory)."""
     argv = sys.argv[1:]
+    interrupt.install()  # SIGTERM stops a run like Ctrl-C: checkpoint, MLflow KILLED, resume
     try:
         whitelist = hydra_whitelist(argv)
         precheck(argv, whitelist)
@@ -109,10 +137,12 @@ def main() -> None:
                 "hydra.job_logging.handlers.file.filename="
                 f"${{hydra.runtime.output_dir}}/rank{launch.rank}.log",
             ]
+    finished = False
     try:
         hydra.main(config_path=CONF_DIR, config_name="config", execution_whitelist=whitelist)(job)()
+        finished = True
     finally:
-        dist.teardown()
+        dist.teardown(finished)  # every rank leaves the group together, before interpreter exit
 
 
 if __name__ == "__main__":

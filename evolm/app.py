@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
-from evolm import dist, limits, trust
+from evolm import agreement, dist, limits, trust
 from evolm.checkpoint import (
     CHECKPOINT_DIR,
     Checkpoint,
@@ -363,6 +363,8 @@ def train(cfg: DictConfig) -> float | list[float]:
     stateful = parts.stateful
     output_dir = Path(cfg.output_dir)
     config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    run_wide = {"generations": cfg.generations, "eval_every": cfg.eval_every}
+    agreement.check_ranks_agree(comm, run_identity(config) | run_wide, parts.task, cfg.generations)
     checkpoint = restore(output_dir, stateful, run_identity(config), comm) if resuming else None
 
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
@@ -370,6 +372,7 @@ def train(cfg: DictConfig) -> float | list[float]:
         preflight(extra, f"extra_evals.{name}")
     model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
+    limits.check_prompts_fit(model_path, parts.task, cfg.generations)  # the model's context
     limits.check_population_memory(layout.numel(), strategy.population_size)
     if checkpoint is not None:
         check_shapes(checkpoint, layout.shapes())

@@ -17,6 +17,7 @@ A single process gets :data:`SINGLE`, whose collectives are identities: the loop
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import logging
 import os
 import re
@@ -30,6 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+CLOSE_TIMEOUT_S = 60.0  # how long a finished rank waits for the others before leaving
 
 
 class DivergenceError(RuntimeError):
@@ -130,7 +132,7 @@ class Comm:
 
     def barrier(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, finished: bool = False) -> None: ...
 
 
 SINGLE = Comm()
@@ -198,9 +200,21 @@ class TorchComm(Comm):
     def barrier(self) -> None:
         self.dist.barrier()
 
-    def close(self) -> None:
-        if self.dist.is_initialized():
-            self.dist.destroy_process_group()
+    def close(self, finished: bool = False) -> None:
+        """Leave the group. A rank that ``finished`` its run first waits (at most
+        :data:`CLOSE_TIMEOUT_S`, gloo) until every rank has, so no rank tears its links down
+        while a peer may still use them; then the group is destroyed and its C++ objects freed
+        while the interpreter is whole (a gloo group left to interpreter shutdown can abort the
+        process: ``terminate called without an active exception``, SIGABRT)."""
+        if not self.dist.is_initialized():
+            return
+        if finished and self.backend == "gloo":
+            try:
+                self.dist.monitored_barrier(timeout=_dt.timedelta(seconds=CLOSE_TIMEOUT_S))
+            except RuntimeError as e:  # a rank that failed after its last collective
+                log.warning("rank %d: not every rank reached the end (%s)", self.rank, e)
+        self.dist.destroy_process_group()
+        gc.collect()
 
 
 _CURRENT: Comm = SINGLE
@@ -247,8 +261,9 @@ def current() -> Comm:
     return _CURRENT
 
 
-def teardown() -> None:
-    """Leave the process group (end of the run)."""
+def teardown(finished: bool = False) -> None:
+    """Leave the process group at the end of the process; ``finished``: this rank's run ended
+    normally (:meth:`TorchComm.close`)."""
     global _CURRENT
-    _CURRENT.close()
-    _CURRENT = SINGLE
+    comm, _CURRENT = _CURRENT, SINGLE
+    comm.close(finished)

@@ -3,16 +3,22 @@
 * The population's adapters must fit in memory: ``es.population_size`` members of
   ``layout.numel()`` fp32 numbers, held about twice (members and their noise) while a generation
   is built, must fit in the memory available now (the GPU's when there is one).
+* Every prompt plus ``task.max_new_tokens`` must fit the model's context
+  (``max_position_embeddings``): past it the position embeddings are extrapolated and the
+  completions are garbage, silently.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from evolm.errors import ConfigError
+from evolm.task.base import Example, Task, run_examples
 
 BYTES_PER_NUMBER = 4  # fp32
 COPIES = 2  # members + their noise while ES.sample / ES.tell run
@@ -50,3 +56,60 @@ def check_population_memory(
             "lower es.population_size or lora.rank (or adapt fewer lora.target_modules / "
             "lora.target_layers)",
         )
+
+
+def prompt_tokens(tokenizer: Any, examples: Sequence[Example]) -> list[tuple[int, Example]]:
+    """``(tokens, example)`` of every distinct prompt, counted as the engines count them: the
+    raw text, or the chat template plus the assistant prefix, with the tokenizer's specials."""
+    from evolm.engine.base import chat_prompt
+
+    texts: dict[str, Example] = {}
+    for example in examples:
+        if isinstance(example.prompt, str):
+            text = example.prompt
+        else:
+            text = chat_prompt(tokenizer, example.prompt) + example.assistant_prefix
+        texts.setdefault(text, example)
+    if not texts:
+        return []
+    ids = tokenizer(list(texts))["input_ids"]
+    return [(len(i), e) for i, e in zip(ids, texts.values(), strict=True)]
+
+
+def check_context(
+    lengths: Sequence[tuple[int, Example]], max_new_tokens: int, positions: int, model: str
+) -> None:
+    """Refuse a prompt the model's ``positions`` (``max_position_embeddings``) cannot hold, or
+    a ``max_new_tokens`` that the longest prompt leaves no room for."""
+    if not lengths:
+        return
+    longest, example = max(lengths, key=lambda pair: pair[0])
+    where = example.source or f"the prompt {str(example.prompt)[:60]!r}..."
+    if longest >= positions:
+        raise ConfigError(
+            "task",
+            f"{where} is {longest} tokens long, at least the {positions} positions of the "
+            f"model {model} (max_position_embeddings): nothing could be generated after it",
+            "shorten or drop that record, or use a model with a longer context",
+        )
+    if longest + max_new_tokens > positions:
+        raise ConfigError(
+            "task.max_new_tokens",
+            f"{max_new_tokens} new tokens after the longest prompt ({longest} tokens: {where}) "
+            f"need {longest + max_new_tokens} positions, more than the {positions} of the model "
+            f"{model} (max_position_embeddings)",
+            f"set task.max_new_tokens={positions - longest} or less, or shorten that prompt",
+        )
+
+
+def check_prompts_fit(model_path: str, task: Task, generations: int) -> None:
+    """:func:`check_context` for the prompts a run of ``generations`` uses, counted with the
+    model's tokenizer, against its ``max_position_embeddings`` (a model without one: no check)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    if not positions:
+        return
+    examples = [e for _, batch in run_examples(task, generations) for e in batch]
+    lengths = prompt_tokens(AutoTokenizer.from_pretrained(model_path), examples)
+    check_context(lengths, task.sampling.max_new_tokens, int(positions), model_path)

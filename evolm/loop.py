@@ -276,7 +276,8 @@ class ESLoop:
         last_eval = latest_eval(ctx.history)
         if state.generation == 0:
             last_eval = self._evaluate(ctx, state)
-            self._emit(ctx, {M.GENERATION: 0, **last_eval}, state)
+            data = {M.data_stat(k): v for k, v in self.task.data_stats().items()}
+            self._emit(ctx, {M.GENERATION: 0, **last_eval, **data}, state)
         while state.generation < self.generations:
             state, record = self.step(state)
             g = state.generation

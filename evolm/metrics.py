@@ -2,9 +2,10 @@
 
 A record is one line of ``results.jsonl`` and one MLflow step: ``generation`` plus namespaced
 numbers. ``train/`` describes the generation's population, ``eval/`` the mean on held-out
-prompts, ``es/`` the update, ``time/`` seconds. A task's score ``k`` (any key its ``score``
-returns besides ``reward``) appears as ``train/k_mean`` and ``eval/k_mean``; the population's
-mean reward is ``train/fitness_mean`` (a member's fitness is its mean reward).
+prompts, ``es/`` the update, ``time/`` seconds, ``data/`` the task's data (generation 0 only).
+A task's score ``k`` (any key its ``score`` returns besides ``reward``) appears as
+``train/k_mean`` and ``eval/k_mean``; the population's mean reward is ``train/fitness_mean`` (a
+member's fitness is its mean reward).
 
 Diagnostics (:mod:`evolm.diagnostics`) describe the completions themselves, as
 ``train/<name>`` for the generation's population and ``eval/<name>`` for the mean on held-out
@@ -99,6 +100,12 @@ def eval_diagnostic(key: str) -> str:
 def task_stat(key: str) -> str:
     """A number the task's ``after_generation`` hook returned, e.g. ``train/lambda``."""
     return f"train/{key}"
+
+
+def data_stat(key: str) -> str:
+    """A number about the task's data (its ``data_stats`` hook), in generation 0's record, e.g.
+    ``data/train_test_overlap``."""
+    return f"data/{key}"
 
 
 def engine_time(key: str) -> str:

@@ -35,7 +35,12 @@ def tiny_model_dir(evolm_cache: Path) -> str:
 
 
 # What conf/model/tiny.yaml builds with task=countdown (the countdown warm-up; about 2 min).
-COUNTDOWN_TINY = {"warmup_steps": 800, "countdown_share": 0.75, "countdown_untagged": 0.5}
+COUNTDOWN_TINY = {
+    "warmup_steps": 800,
+    "countdown_share": 0.75,
+    "countdown_untagged": 0.5,
+    "max_position_embeddings": 2048,  # a prompt + task.max_new_tokens=1024 fit
+}
 
 
 @pytest.fixture(scope="session")

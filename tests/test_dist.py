@@ -202,6 +202,69 @@ def test_gloo_ranks_evaluate_like_one_process() -> None:
     mp.spawn(_worker, args=(2, free_port()), nprocs=2, join=True)
 
 
+def _closing_worker(rank: int, port: int, out: str) -> None:
+    """Rank 1 reaches its end 1 s after rank 0; then (round 2) rank 1 fails before the end."""
+    import time
+
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "EVOLM_DIST_BACKEND": "gloo",
+    }
+    waited = []
+    for round_, finished in ((0, True), (1, rank == 0)):
+        os.environ.update({**env, "MASTER_PORT": str(port + round_)})
+        dist.setup(timeout_s=60)
+        dist.CLOSE_TIMEOUT_S = 1.0
+        if rank == 1:
+            time.sleep(1.0)
+        start = time.monotonic()
+        dist.teardown(finished)
+        waited.append(time.monotonic() - start)
+        assert not torch.distributed.is_initialized() and dist.current() is SINGLE
+    if rank == 0:
+        Path(out).write_text(json.dumps(waited))
+
+
+def test_a_finished_rank_leaves_the_group_with_the_others() -> None:
+    """Before: a rank left (destroyed its gloo group and exited) while its peer could still be
+    running; 1 in 6 finished 2-rank runs aborted at exit (``terminate called without an active
+    exception``). Now a finished rank waits for every rank (bounded), then frees the group."""
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"evolm-closing-{os.getpid()}.json"
+    port = free_port()
+    try:
+        mp.spawn(_closing_worker, args=(port, str(out)), nprocs=2, join=True)
+        together, peer_failed = json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+    assert 0.8 < together < 5  # waited for rank 1's end
+    assert peer_failed < 5  # a peer that never arrives costs CLOSE_TIMEOUT_S, not the run's
+
+
+@pytest.mark.slow
+def test_finished_two_rank_runs_exit_0_on_every_rank(tmp_path: Path) -> None:
+    """Four finished 2-rank runs (torchrun, gloo, MLflow logger): every rank exits 0, none
+    aborts at exit."""
+    for i in range(4):
+        run_dir = tmp_path / f"run{i}"
+        port = f"--master_port={free_port()}"
+        cmd = torchrun("--nproc_per_node=2", "--master_addr=127.0.0.1", port)
+        proc = subprocess.run(
+            [*cmd, "debug=fast", f"hydra.run.dir={run_dir}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**_env(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+            cwd=REPO,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert "terminate called" not in out and "exitcode" not in out, out[-4000:]
+        assert (run_dir / ADAPTER).is_file()
+
+
 # -- torchrun, end to end ----------------------------------------------------------------------
 RUN = [
     "debug=fast",

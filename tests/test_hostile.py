@@ -180,6 +180,7 @@ def write_adapter(run: Path, tensors: dict[str, torch.Tensor] | None, config: st
         ("truncated", "adapter_model.safetensors cannot be read"),
         ("random", "adapter_model.safetensors cannot be read"),
         ("bad-json", "adapter_config.json is not valid JSON"),
+        ("digits", "adapter_config.json is not valid JSON"),
         ("not-lora", "is not a PEFT LoRA config"),
     ],
 )
@@ -188,7 +189,8 @@ def test_export_refuses_a_broken_adapter(
 ) -> None:
     good = {"a": torch.zeros(2, 4), "b": torch.ones(4, 2)}
     tensors = {"a": torch.full((2, 4), float("nan")), "b": torch.ones(4, 2)}
-    config = {"bad-json": "{not json", "not-lora": "[1, 2]"}.get(case)
+    digits = '{"r": 2, "lora_alpha": ' + "1" * 5000 + "}"
+    config = {"bad-json": "{not json", "not-lora": "[1, 2]", "digits": digits}.get(case)
     adapter = write_adapter(tmp_path, tensors if case == "nan" else good, config)
     weights = adapter / "adapter_model.safetensors"
     if case == "truncated":
@@ -307,6 +309,9 @@ BAD_RECORDS = {
     "list": b'[{"question": "q"}]\n',
     "latin1": '{"question": "caf\xe9", "answer": "a"}\n'.encode("latin-1"),
     "huge": b'{"question": "' + b"x" * 1_000_000 + b'", "answer": "a"}\n',
+    "digits": b'{"question": "q", "answer": "a"}\n{"question": "q", "answer": "a", "id": '
+    + b"7" * 5000
+    + b"}\n",
 }
 EXPECTED = {
     "scalar": ":2 is a JSON int, not an object",
@@ -314,6 +319,7 @@ EXPECTED = {
     "list": ":1 is a JSON list, not an object",
     "latin1": "is not UTF-8 text",
     "huge": f"over the limit of {MAX_RECORD_CHARS}",
+    "digits": ":2 holds a number of 5000 digits, more than the 4300 Python reads",
 }
 
 
@@ -341,6 +347,34 @@ def test_non_utf8_data_files_fail_in_every_task(
     cfg = compose_config([override, f"task.{key}={path}", f"output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=rf"^task.{key}: .*is not UTF-8 text"):
         Builder(("evolm.*",))(group, cfg.task)
+
+
+@pytest.mark.parametrize("form", ["array", "lines"])
+def test_countdown_number_of_5000_digits_names_the_file_and_line(form: str, tmp_path: Path) -> None:
+    """Before: ``ValueError: Exceeds the limit (4300 digits) for integer string conversion``."""
+    records = [{"numbers": [1, 2], "target": 3}, {"numbers": [4, 5], "target": 9}]
+    lines = [json.dumps(r) for r in records]
+    lines.insert(1, '{"numbers": [1, ' + "9" * 5000 + '], "target": 3}')
+    path = tmp_path / "cd.json"
+    text = "[\n" + ",\n".join(lines) + "\n]\n" if form == "array" else "\n".join(lines) + "\n"
+    path.write_text(text)
+    line = 3 if form == "array" else 2
+    with pytest.raises(ConfigError) as raised:
+        load_countdown_json(path, "data_file")
+    assert str(raised.value) == (
+        f"data_file: {path}:{line} holds a number of 5000 digits, more than the 4300 Python "
+        "reads. Fix: write such a value as a string, or drop it"
+    )
+
+
+def test_conciseness_extra_field_of_5000_digits_names_the_key_file_and_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(BAD_RECORDS["digits"])
+    cfg = compose_config([f"task.train_file={path}", f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=rf"^task\.train_file: {path}:2 holds a number of 5000"):
+        Builder(("evolm.*",))("task", cfg.task)
 
 
 def test_countdown_huge_record_is_refused(tmp_path: Path) -> None:

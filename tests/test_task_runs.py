@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import StartServer
 from tests.helpers import read_results, run_cli
+from tests.test_task_countdown import overlapping_data
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "tasks.md"
@@ -44,6 +45,21 @@ def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
         assert all(train_key in r for r in records[1:])
     assert "train/reward_mean" not in records[1]
     assert 0.0 <= records[-1]["train/accuracy_mean"] <= 1.0
+    assert records[0]["data/train_test_overlap"] == 0  # generated puzzles: none repeated
+
+
+def test_countdown_run_records_the_train_test_overlap(
+    tmp_path: Path, countdown_model_dir: str
+) -> None:
+    data = overlapping_data(tmp_path / "cd.jsonl")
+    overrides = [f"task.data_file={data}", "task.train_size=6", "callbacks.plot.min_interval_s=60"]
+    out = tmp_path / "run"
+    proc = run_cli(["task=countdown", *SMALL_RUN, *overrides, f"hydra.run.dir={out}"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "3 of the 4 eval puzzles are also training puzzles" in proc.stdout + proc.stderr
+    records = read_results(out)
+    assert records[0]["data/train_test_overlap"] == 3
+    assert all("data/train_test_overlap" not in r for r in records[1:])
 
 
 @pytest.mark.slow

@@ -78,7 +78,7 @@ def read_adapter_config(path: str | Path) -> dict:
         config = json.loads(file.read_text())
     except FileNotFoundError:
         raise AdapterError(f"{file} does not exist (not an adapter directory?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError, 4300+ digits
         raise AdapterError(f"{file} is not valid JSON (truncated or corrupt): {e}") from None
     if not isinstance(config, dict) or not {"r", "lora_alpha"} <= config.keys():
         raise AdapterError(f"{file} is not a PEFT LoRA config (it lacks r or lora_alpha)")

@@ -55,7 +55,7 @@ from evolm.model.gguf_weights import (
     join_verified,
     locate,
 )
-from evolm.model.spec import _build_atomically, cache_root
+from evolm.model.spec import _build_atomically, cache_root, is_built
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -89,7 +89,7 @@ class GGUFModel:
         weights = MODELS[self.name]
         if self.gguf_file is not None:
             self._check_file(weights)
-        if (self.model_dir() / "config.json").is_file():
+        if is_built(self.model_dir()):
             return  # converted already: nothing else is needed
         missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
         if self.gguf_file is None:
@@ -144,7 +144,7 @@ class GGUFModel:
     def resolve(self) -> str:
         """The converted checkpoint's directory, converted on first use (atomically)."""
         target = self.model_dir()
-        if not (target / "config.json").is_file():
+        if not is_built(target):  # not converted yet, or a cut copy: converted (again)
             _build_atomically(None, target, self._build)
         return str(target)
 

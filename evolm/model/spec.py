@@ -8,6 +8,7 @@ a cache directory on first use; a :class:`HubModel` names an existing checkpoint
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -209,7 +210,7 @@ class TinyModel:
     def resolve(self) -> str:
         """The model directory, built on first use (atomically; safe across processes)."""
         target = self.model_dir()
-        if not (target / "config.json").is_file():
+        if not is_built(target):
             logger.info(
                 "building the tiny model %s (%d warm-up steps; once: later runs load it)",
                 target,
@@ -230,21 +231,68 @@ def _build_tiny(spec: TinyModel, out: Path) -> None:
     build_tiny_model(out, spec)
 
 
+def model_problem(model_dir: Path) -> str | None:
+    """Why the built model in ``model_dir`` cannot load, or None when it can. Cheap (no hash):
+    ``config.json`` parses, and every safetensors file of the weights (``model.safetensors``, or
+    the shards ``model.safetensors.index.json`` names) is there and opens: its header parses and
+    its tensors' byte ranges cover the file exactly (a truncated or cut copy fails)."""
+    from safetensors import safe_open  # only when a cached model is checked
+
+    try:
+        json.loads((model_dir / "config.json").read_text())
+        index = model_dir / "model.safetensors.index.json"
+        files = ["model.safetensors"]
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its config or weight index is unreadable ({str(e).splitlines()[0][:200]})"
+    for name in files:
+        if not (model_dir / name).is_file():
+            return f"{name} is missing"
+        try:
+            with safe_open(str(model_dir / name), framework="numpy"):
+                pass
+        except Exception as e:  # SafetensorError (truncated, corrupt header), OSError
+            return f"{name} is unreadable ({str(e).splitlines()[0][:200]})"
+    return None
+
+
+def is_built(model_dir: Path) -> bool:
+    """A model directory that exists and loads (:func:`model_problem`)."""
+    return model_dir.is_dir() and model_problem(model_dir) is None
+
+
 def _build_atomically(
     spec: TinyModel | None, target: Path, build: Callable[[Path], object] | None = None
 ) -> None:
     """Build into a temp dir beside ``target`` with ``build(tmp)`` (None: the tiny model of
     ``spec``), then rename, its files readable as the umask says (:mod:`evolm.files`); if
-    another process won, keep theirs."""
-    with temp_dir_beside(target) as tmp:
-        if build is None:
-            assert spec is not None
-            _build_tiny(spec, tmp)
-        else:
-            build(tmp)
-        if publish_dir(tmp, target, replace=False):
-            logger.info("built %s", target)
-        elif (target / "config.json").is_file():
-            logger.info("another process built %s first; keeping theirs", target)
-        else:
-            raise OSError(f"{target} exists but holds no config.json: delete it to rebuild")
+    another process won, keep theirs. An unusable ``target`` (:func:`model_problem`: a truncated
+    copy, weights missing) is replaced, with a warning. A cache folder that cannot be written
+    is a ConfigError naming ``cache_dir`` and ``$EVOLM_CACHE_DIR``."""
+    problem = model_problem(target) if target.exists() else None
+    if problem is not None:
+        logger.warning("the cached model %s is unusable (%s): building it again", target, problem)
+    try:
+        with temp_dir_beside(target) as tmp:
+            if build is None:
+                assert spec is not None
+                _build_tiny(spec, tmp)
+            else:
+                build(tmp)
+            if publish_dir(tmp, target, replace=False):
+                logger.info("built %s", target)
+            elif is_built(target):
+                logger.info("another process built %s first; keeping theirs", target)
+            else:
+                publish_dir(tmp, target, replace=True)
+                logger.info("built %s (replacing the unusable one)", target)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC):
+            raise
+        raise ConfigError(
+            "cache_dir",
+            f"cannot write the model cache {target.parent} to build {target.name} ({e.strerror})",
+            f"point model.cache_dir (or ${CACHE_ENV}) at a folder you can write, or build the "
+            "model there once as a user who can",
+        ) from None

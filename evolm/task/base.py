@@ -8,7 +8,9 @@ Tasks maximise reward.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -30,6 +32,7 @@ class Example:
     prompt: str | Sequence[Message]
     reference: Mapping[str, Any] = field(default_factory=dict)
     assistant_prefix: str = ""
+    source: str = ""  # where it comes from, for messages: ``train.jsonl:17``
 
 
 Scores = dict[str, list[float]]
@@ -71,11 +74,30 @@ class Task(Protocol):
     batch-dependent scorer): the ranks all-gather the completions, rank 0 scores the whole
     population in one call, as one process does, and broadcasts the scores."""
 
+    def data_stats(self) -> dict[str, float]:
+        """Numbers about the task's data (Countdown: ``train_test_overlap``, the eval puzzles
+        that are also training puzzles), logged once, in generation 0's record, as
+        ``data/<name>``."""
+        return {}
+
     def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:
         """Called after each generation's ES update with the mean of every score key over all
         its completions (``{"reward": ..., "cost": ...}``). It may adapt task state (the scorer
         task's Lagrange multiplier); the numbers returned are logged as ``train/<name>``."""
         return {}
+
+
+CHECKED_GENERATIONS = 1000
+"""Checks before a run (same data on every rank, prompts that fit the context) look at the
+training prompts of at most this many generations."""
+
+
+def run_examples(task: Task, generations: int) -> Iterator[tuple[int, list[Example]]]:
+    """``(0, eval examples)``, then ``(g, train_examples(g))`` for the run's generations (at
+    most :data:`CHECKED_GENERATIONS`): the prompts a run of ``generations`` uses."""
+    yield 0, task.eval_examples()
+    for generation in range(1, min(generations, CHECKED_GENERATIONS) + 1):
+        yield generation, task.train_examples(generation)
 
 
 MAX_RECORD_CHARS = 32_768
@@ -106,11 +128,41 @@ def check_record_size(text: str, where: str, key: str) -> None:
         )
 
 
+def parse_json(text: str, path: Path, first_line: int, key: str, fix: str) -> Any:
+    """``json.loads(text)`` of lines ``first_line...`` of the data file ``path``, or one
+    ConfigError naming the file and line: invalid JSON, or an integer of more digits than Python
+    converts (``sys.get_int_max_str_digits()``, 4300: json raised a bare ValueError)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"{path}:{first_line + e.lineno - 1}"
+        raise ConfigError(key, f"{where} is not valid JSON ({e.msg})", fix) from None
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        limit = sys.get_int_max_str_digits()
+        found = re.search(rf"\d{{{limit + 1},}}", text) if limit else None
+        if found is None:
+            raise ConfigError(key, f"{path}: {e}", fix) from None
+        where = f"{path}:{first_line + text.count(chr(10), 0, found.start())}"
+        raise ConfigError(
+            key,
+            f"{where} holds a number of {len(found.group())} digits, more than the {limit} "
+            "Python reads",
+            "write such a value as a string, or drop it",
+        ) from None
+
+
 def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict[str, Any]]:
     """Read a JSON-lines file whose records must carry ``required`` fields.
 
     ``key`` is the config key that named the file, so errors say what to change.
     """
+    return [record for _, record in read_jsonl_lines(path, key, required)]
+
+
+def read_jsonl_lines(
+    path: str | Path, key: str, required: Sequence[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`read_jsonl` with each record's place, ``<file>:<line>``."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(
@@ -123,12 +175,7 @@ def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict
         if not line.strip():
             continue
         check_record_size(line, f"{p}:{n}", key)
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                key, f"{p}:{n} is not valid JSON ({e.msg})", "write one JSON object per line"
-            ) from None
+        rec = parse_json(line, p, n, key, "write one JSON object per line")
         if not isinstance(rec, dict):
             raise ConfigError(
                 key,
@@ -142,7 +189,7 @@ def read_jsonl(path: str | Path, key: str, required: Sequence[str]) -> list[dict
                 f"{p}:{n} lacks field(s) {missing}",
                 f"give every record the fields {list(required)}",
             )
-        records.append(rec)
+        records.append((f"{p}:{n}", rec))
     if not records:
         raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
     return records

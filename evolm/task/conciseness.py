@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib import resources
 
-from evolm.task.base import Example, Sampling, Scores, Task, read_jsonl
+from evolm.task.base import Example, Sampling, Scores, Task, read_jsonl_lines
 
 FIELDS = ("question", "answer")
 
@@ -42,21 +42,17 @@ class Conciseness(Task):
     ) -> None:
         self.sampling = Sampling(max_new_tokens, temperature, top_p)
         self.chat_template = chat_template
-        self.train = [
-            self._example(r)
-            for r in read_jsonl(
-                train_file or bundled("conciseness/train.jsonl"), "train_file", FIELDS
-            )
-        ]
-        self.eval = [
-            self._example(r)
-            for r in read_jsonl(eval_file or bundled("conciseness/eval.jsonl"), "eval_file", FIELDS)
-        ]
+        train_path = train_file or bundled("conciseness/train.jsonl")
+        eval_path = eval_file or bundled("conciseness/eval.jsonl")
+        train = read_jsonl_lines(train_path, "train_file", FIELDS)
+        self.train = [self._example(r, where) for where, r in train]
+        evals = read_jsonl_lines(eval_path, "eval_file", FIELDS)
+        self.eval = [self._example(r, where) for where, r in evals]
 
-    def _example(self, record: dict) -> Example:
+    def _example(self, record: dict, source: str) -> Example:
         question = str(record["question"])
         prompt = [{"role": "user", "content": question}] if self.chat_template else question
-        return Example(prompt=prompt, reference={"answer": str(record["answer"])})
+        return Example(prompt=prompt, reference={"answer": str(record["answer"])}, source=source)
 
     def train_examples(self, generation: int) -> list[Example]:
         return self.train

@@ -47,6 +47,18 @@ def _positive(key: str, value: int, fix: str) -> None:
         raise ConfigError(key, f"must be >= 1, got {value}", fix)
 
 
+def puzzle_key(example: Example) -> tuple[tuple[int, ...], str]:
+    """A puzzle whatever the order of its numbers: (sorted numbers, target)."""
+    ref = example.reference
+    return tuple(sorted(ref["numbers"])), str(ref["target"])
+
+
+def train_test_overlap(train: Sequence[Example], test: Sequence[Example]) -> int:
+    """How many ``test`` puzzles are also ``train`` puzzles (numbers in any order)."""
+    seen = {puzzle_key(e) for e in train}
+    return sum(puzzle_key(e) in seen for e in test)
+
+
 class Countdown(Task):
     """The Countdown task.
 
@@ -85,11 +97,23 @@ class Countdown(Task):
         self.samples_per_generation = samples_per_generation
         records = self._records(data_file, generate_count, seed)
         self._check_sizes(len(records), train_size, samples_per_generation, eval_samples)
-        self.train = [self._example(r) for r in records[:train_size]]
-        test = records[train_size:]
+        where = f"{data_file} record" if data_file else f"generated (seed {seed}) puzzle"
+        examples = [self._example(r, f"{where} {i}") for i, r in enumerate(records)]
+        self.train = examples[:train_size]
+        test = examples[train_size:]
         if eval_samples is not None and eval_samples > len(test):
             log.warning("eval_samples=%d > %d test records: using all", eval_samples, len(test))
-        self.eval = [self._example(r) for r in test[:eval_samples]]
+        self.eval = test[:eval_samples]
+        self.overlap = train_test_overlap(self.train, self.eval)
+        if self.overlap:
+            log.warning(
+                "%s: %d of the %d eval puzzles are also training puzzles (same numbers and "
+                "target): eval/* is not a held-out score (data/train_test_overlap in the "
+                "results). Fix: drop the repeats from one split",
+                data_file or "the generated puzzles",
+                self.overlap,
+                len(self.eval),
+            )
 
     @staticmethod
     def _records(data_file: str | None, generate_count: int, seed: int) -> list[dict[str, Any]]:
@@ -119,16 +143,19 @@ class Countdown(Task):
         if eval_samples is not None:
             _positive("eval_samples", eval_samples, "e.g. 32, or null for the whole test split")
 
-    def _example(self, record: dict[str, Any]) -> Example:
+    def _example(self, record: dict[str, Any], source: str) -> Example:
         text = paper_prompt(record["numbers"], record["target"])
         reference = {"numbers": list(record["numbers"]), "target": record["target"]}
         if not self.chat_template:
-            return Example(prompt=text, reference=reference)
+            return Example(prompt=text, reference=reference, source=source)
         messages, prefix = chat_messages(text)
-        return Example(prompt=messages, reference=reference, assistant_prefix=prefix)
+        return Example(prompt=messages, reference=reference, assistant_prefix=prefix, source=source)
 
     def train_examples(self, generation: int) -> list[Example]:
         return cycling_window(self.train, generation, self.samples_per_generation)
+
+    def data_stats(self) -> dict[str, float]:
+        return {"train_test_overlap": float(self.overlap)}
 
     def eval_examples(self) -> list[Example]:
         return self.eval

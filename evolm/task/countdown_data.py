@@ -8,7 +8,6 @@ is written from scratch; it shares nothing with the paper's (non-commercial) dat
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from collections.abc import Sequence
 from fractions import Fraction
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.task.base import check_record_size, read_jsonl, read_text
+from evolm.task.base import check_record_size, parse_json, read_jsonl, read_text
 from evolm.task.countdown_reward import TOLERANCE, format_target, paper_prompt, parse_target
 
 __all__ = [
@@ -273,14 +272,8 @@ def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, A
 
 def _read_array(p: Path, text: str, key: str) -> list[Any]:
     """The records of a JSON array file (the paper's ``countdown.json``), or ConfigError."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            key,
-            f"{p}:{e.lineno} is not valid JSON ({e.msg})",
-            "write a JSON array of records or one JSON object per line",
-        ) from None
+    fix = "write a JSON array of records or one JSON object per line"
+    raw = parse_json(text, p, 1, key, fix)
     if not raw:
         raise ConfigError(key, f"data file {str(p)!r} holds no records", "add at least one record")
     return raw  # type: ignore[no-any-return]

@@ -126,6 +126,8 @@ def parse_request(body: bytes) -> tuple[list[str], list[str]]:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"body is not valid JSON: {e}") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise BadRequest(f"body holds a number Python cannot read: {str(e)[:100]}") from None
     except RecursionError:
         raise BadRequest("body is nested too deeply") from None
     if not isinstance(data, dict):

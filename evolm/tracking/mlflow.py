@@ -37,6 +37,7 @@ import evolm
 from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.es import ESState
+from evolm.interrupt import deferred, interruption
 from evolm.loop import Callback, Record, RunContext
 from evolm.tracking.runinfo import flatten, git_commit
 from evolm.tracking.store import mlflow_client
@@ -66,6 +67,11 @@ def default_artifact_location(tracking_uri: str) -> str | None:
 def _is_transient(error: BaseException) -> bool:
     """Worth retrying: not a KeyboardInterrupt/SystemExit, not an error a retry repeats."""
     return isinstance(error, Exception) and getattr(error, "error_code", None) not in PERMANENT
+
+
+def _deferred_call(fn: Callable[[], T]) -> T:
+    with deferred():
+        return fn()
 
 
 class MLflowLogger(Callback):
@@ -126,6 +132,7 @@ class MLflowLogger(Callback):
         self.not_uploaded: list[str] = []
         self.pending: list[Metric] = []
         self.failing = False
+        self.ending = False  # the run raised: its last calls are tried once
         self.sent_through = -1  # records up to this generation are in the MLflow run
         self.sent_tags: dict[str, str] = {}  # ctx.tags already on the MLflow run
 
@@ -189,10 +196,10 @@ class MLflowLogger(Callback):
     def on_run_error(self, ctx: RunContext, error: BaseException) -> None:
         if self.run_id is None:
             return
-        self.failing = True  # one attempt each: the run is ending
+        self.ending = True  # one attempt each: the run is ending
         self._flush()
         self._sync_tags(ctx)
-        self._finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        self._finish("FAILED" if interruption(error) is None else "KILLED")  # SIGINT/SIGTERM
 
     def _queue(self, record: Record) -> None:
         """Queue a record's metrics unless the MLflow run already holds its generation."""
@@ -313,15 +320,15 @@ class MLflowLogger(Callback):
     def _call(self, what: str, fn: Callable[[], T]) -> T | None:
         """``fn()`` with retries; None (and a warning) when it keeps failing. While calls are
         failing, the next ones are tried once, so a dead server costs a generation little."""
-        attempts = 1 if self.failing else self.retries + 1
+        attempts = 1 if self.failing or self.ending else self.retries + 1
         retrying = Retrying(
             stop=stop_after_attempt(attempts),
             wait=wait_exponential(multiplier=self.backoff_s, max=30.0),
             retry=retry_if_exception(_is_transient),
             reraise=True,
         )
-        try:
-            result = retrying(fn)
+        try:  # each attempt whole: a signal cutting a store transaction can keep its lock
+            result = retrying(partial(_deferred_call, fn))
         except Exception as e:
             if not self.failing:
                 where = f"{self.tracking_uri} after {attempts} attempt(s)"
