@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+
+from evolm.server.connection import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -86,12 +87,6 @@ def short_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> 
 
 
 StartServer = Callable[..., str]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> dict[str, Any]:

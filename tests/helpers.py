@@ -41,3 +41,15 @@ def run_cli(
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+
+
+def gloo_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The launch variables of rank ``rank`` of ``world`` on 127.0.0.1, gloo backend (CPU)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "EVOLM_DIST_BACKEND": "gloo",
+    }

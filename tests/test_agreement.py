@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from evolm.agreement import data_fingerprint
+from evolm.server.connection import free_port
 from evolm.task.conciseness import Conciseness
 from tests.helpers import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def env() -> dict[str, str]:

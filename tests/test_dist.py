@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,14 +23,9 @@ from evolm.engine.base import Completion, Engine
 from evolm.evaluate import evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation, LoraTarget
 from evolm.sampling import Sampling
+from evolm.server.connection import free_port
 from evolm.task.base import Example, Scores, Task
-from tests.helpers import REPO, read_results
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import REPO, gloo_env, read_results
 
 
 # -- launch environments -------------------------------------------------------------------
@@ -157,14 +151,7 @@ def population(members: int) -> LoraPopulation:
 
 
 def _worker(rank: int, world: int, port: int) -> None:
-    env = {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "EVOLM_DIST_BACKEND": "gloo",
-    }
+    env = gloo_env(rank, world, port)
     os.environ.update(env)
     comm = dist.setup(env, timeout_s=60)
     try:
@@ -206,13 +193,7 @@ def _closing_worker(rank: int, port: int, out: str) -> None:
     """Rank 1 reaches its end 1 s after rank 0; then (round 2) rank 1 fails before the end."""
     import time
 
-    env = {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "EVOLM_DIST_BACKEND": "gloo",
-    }
+    env = gloo_env(rank, 2, port)  # MASTER_PORT set per round below
     waited = []
     for round_, finished in ((0, True), (1, rank == 0)):
         os.environ.update({**env, "MASTER_PORT": str(port + round_)})
@@ -412,16 +393,7 @@ BENCH = ["--members", "4", "--prompts", "3", "--prompt-len", "8", "--new-tokens"
 def _bench_worker(rank: int, port: int, out: str) -> None:
     from evolm.bench import distributed
 
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "EVOLM_DIST_BACKEND": "gloo",
-        }
-    )
+    os.environ.update(gloo_env(rank, 2, port))
     distributed.main([*BENCH, "--reps", "1", "--json", out, "--markdown", out + ".md"])
 
 

@@ -27,6 +27,7 @@ from evolm.checkpoint import Checkpointer, checkpoints, latest_checkpoint
 from evolm.es import ESState
 from evolm.loop import RunContext
 from evolm.lora import LoraLayout
+from evolm.server.connection import free_port
 from evolm.task.scorer import Scorer
 from evolm.tracking.mlflow import MLflowLogger
 from tests.helpers import REPO, read_results, run_cli
@@ -153,14 +154,6 @@ def test_sigterm_to_torchrun_stops_both_ranks_cleanly(uninterrupted: Path, tmp_p
     for log in (run_dir / "__main__.log", run_dir / "rank1.log"):
         assert stopped in log.read_text(), log
     check_stopped_and_resume(run_dir, store, uninterrupted)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- in process: the handler and deferred blocks -------------------------------------------

@@ -19,8 +19,9 @@ import torch.multiprocessing as mp
 
 from evolm import dist
 from evolm.rundir import claim
-from tests.helpers import REPO, read_results, run_cli
-from tests.test_dist import free_port, torchrun
+from evolm.server.connection import free_port
+from tests.helpers import REPO, gloo_env, read_results, run_cli
+from tests.test_dist import torchrun
 
 OTHER_RUN = "other-run.txt"  # what a directory that belongs to another run holds here
 
@@ -42,14 +43,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 # -- ranks agree on the directory ----------------------------------------------------------------
 def _claim_worker(rank: int, port: int, root: str) -> None:
-    env = {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "EVOLM_DIST_BACKEND": "gloo",
-    }
+    env = gloo_env(rank, 2, port)
     os.environ.update(env)
     dist.setup(env, timeout_s=60)
     try:
