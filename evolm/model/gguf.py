@@ -55,6 +55,7 @@ from evolm.model.gguf_weights import (
     join_verified,
     locate,
 )
+from evolm.model.loading import save_checkpoint
 from evolm.model.spec import _build_atomically, cache_root, is_built
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ def convert_gguf(gguf_path: Path, out: Path, dtype: str = "float32") -> Path:
     plain.load_state_dict(loaded.state_dict(), assign=True)
     plain.tie_weights()  # only where the config ties them (SmolLM2; not these Qwen files)
     plain.generation_config = loaded.generation_config
-    plain.eval().save_pretrained(out, safe_serialization=True)
+    save_checkpoint(plain.eval(), out)
     _align_tokenizer(tokenizer, gguf_path, loaded.config.eos_token_id)
     tokenizer.save_pretrained(out)
     _portable_tokenizer_config(out / "tokenizer_config.json")

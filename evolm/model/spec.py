@@ -282,11 +282,11 @@ def _build_atomically(
                 build(tmp)
             if publish_dir(tmp, target, replace=False):
                 logger.info("built %s", target)
-            elif is_built(target):
+            elif (problem := model_problem(target)) is None:
                 logger.info("another process built %s first; keeping theirs", target)
             else:
                 publish_dir(tmp, target, replace=True)
-                logger.info("built %s (replacing the unusable one)", target)
+                logger.info("built %s (replacing the unusable one: %s)", target, problem)
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC):
             raise

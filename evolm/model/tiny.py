@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from evolm.model.loading import save_checkpoint
 from evolm.model.pretrain import pretrain
 from evolm.model.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
 
@@ -117,7 +118,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyArch) -> Path:
     model.generation_config = GenerationConfig(
         bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
     )
-    model.save_pretrained(out, safe_serialization=True)
+    save_checkpoint(model, out)
     save_tokenizer(tok, out)
     logger.info(
         "tiny model: %d params, %d tokens, built in %.2f s -> %s",
