@@ -42,6 +42,6 @@ def test_logger_mlflow_without_mlflow_is_a_config_error(tmp_path: Path) -> None:
     )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text[-3000:]
-    assert "bad configuration: logger._target_: logger=mlflow (the default)" in text
+    assert "bad configuration: logger.mlflow._target_: logger=mlflow (the default)" in text
     assert "pip install mlflow==3.17.2" in text and "logger=none" in text
     assert "Traceback" not in text and not out.exists()
