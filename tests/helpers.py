@@ -53,3 +53,13 @@ def gloo_env(rank: int, world: int, port: int) -> dict[str, str]:
         "MASTER_PORT": str(port),
         "EVOLM_DIST_BACKEND": "gloo",
     }
+
+
+def env_without(tmp_path: Path, *modules: str) -> dict[str, str]:
+    """``run_cli`` env in which ``modules`` cannot be imported (what an install without them
+    sees): a ``sitecustomize`` on ``PYTHONPATH`` sets ``sys.modules[name] = None``."""
+    hide = tmp_path / "hide"
+    hide.mkdir(exist_ok=True)
+    lines = ["import sys", *(f"sys.modules[{m!r}] = None" for m in modules)]
+    (hide / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    return {"PYTHONPATH": f"{hide}:{REPO}"}

@@ -18,7 +18,7 @@ from evolm.model import GGUFModel
 from evolm.model.gguf import checkpoint_dir
 from evolm.model.gguf_weights import MODELS, PackagedWeights, join_verified, locate
 from evolm.model.join_gguf import main as join_main
-from tests.helpers import REPO, run_cli
+from tests.helpers import env_without, run_cli
 
 PARTS = 11  # part10 and part11 sort before part2 lexically
 
@@ -188,9 +188,6 @@ def test_missing_extra_is_a_config_error_naming_the_command(
 
 
 def test_cli_without_the_extra_names_the_install_before_loading(tmp_path: Path) -> None:
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['gguf'] = None\n")
     cache = tmp_path / "cache"
     proc = run_cli(
         [
@@ -200,7 +197,7 @@ def test_cli_without_the_extra_names_the_install_before_loading(tmp_path: Path) 
             f"hydra.run.dir={tmp_path}",
         ],
         timeout=120,
-        env={"PYTHONPATH": f"{hide}:{REPO}"},
+        env=env_without(tmp_path, "gguf"),
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import REPO, read_results, run_cli
-
-HIDE = "import sys\nfor name in ('mlflow', 'optuna'):\n    sys.modules[name] = None\n"
+from tests.helpers import env_without, read_results, run_cli
 
 
 def test_a_run_without_mlflow_and_optuna(tmp_path: Path) -> None:
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(HIDE)
     out = tmp_path / "run"
     proc = run_cli(
         ["debug=fast", "logger=none", f"output_dir={out}", f"hydra.run.dir={out}"],
         timeout=240,
-        env={"PYTHONPATH": f"{hide}:{REPO}"},
+        env=env_without(tmp_path, "mlflow", "optuna"),
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert read_results(out)[-1]["generation"] >= 1
@@ -31,14 +26,11 @@ def test_a_run_without_mlflow_and_optuna(tmp_path: Path) -> None:
 def test_logger_mlflow_without_mlflow_is_a_config_error(tmp_path: Path) -> None:
     """Before: 4 attempts to start an MLflow run, then a warning about an unreachable store,
     and an untracked run. Now: one message naming the install and logger=none, exit 2."""
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(HIDE)
     out = tmp_path / "run"
     proc = run_cli(
         ["debug=fast", f"output_dir={out}", f"hydra.run.dir={out}"],
         timeout=240,
-        env={"PYTHONPATH": f"{hide}:{REPO}"},
+        env=env_without(tmp_path, "mlflow", "optuna"),
     )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2, text[-3000:]

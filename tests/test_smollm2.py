@@ -29,7 +29,7 @@ from evolm.export import main as export_main
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, load_adapter, save_adapter
 from evolm.model import SmolLM2Model
 from evolm.sampling import Sampling
-from tests.helpers import REPO, read_results, run_cli
+from tests.helpers import env_without, read_results, run_cli
 
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "Solve: 7 + 6 ="]
 SMOL_PARAMS = 134_515_008
@@ -72,14 +72,11 @@ def test_missing_extra_is_a_config_error_before_anything_loads(
 
 
 def test_cli_without_the_extra_names_the_install(tmp_path: Path) -> None:
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['gguf'] = None\n")
     cache = tmp_path / "cache"
     proc = run_cli(
         ["model=smollm2-135m-instruct", f"model.cache_dir={cache}", f"hydra.run.dir={tmp_path}"],
         timeout=120,
-        env={"PYTHONPATH": f"{hide}:{REPO}"},
+        env=env_without(tmp_path, "gguf"),
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
