@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from evolm.errors import ConfigError
 from evolm.lora import LoraLayout
 from evolm.sampling import Sampling
 from evolm.server import pool
+from evolm.server.connection import ServerProcess
 from evolm.server.fleet import Fleet
 from evolm.server.sglang import SGLangEngine, sglang_servers
 from tests.test_server_sglang import PROMPTS, STANDIN, make_layout, population
@@ -122,3 +126,26 @@ def test_both_lists_or_an_empty_one_are_config_errors(
         sglang_servers(tiny_model_dir, layout, url=["http://a:1"], cuda_devices=["0"])
     with pytest.raises(ConfigError, match=r"^url: "):
         sglang_servers(tiny_model_dir, layout, url=[])
+
+
+def test_a_server_started_from_a_short_lived_thread_outlives_that_thread(tmp_path: Path) -> None:
+    """The fleet starts its servers from a thread pool that ends once they are up. PR_SET_PDEATHSIG
+    fires when the starting *thread* exits: every launched SGLang server got SIGTERM right after
+    the fleet came up (seen on 4 x H100), and each run paid a second start-up."""
+    started: list[ServerProcess] = []
+    cmd = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+    def start_and_wait() -> None:  # as the fleet's thread does: start, then wait for health
+        started.append(ServerProcess(cmd, os.environ, tmp_path / "s.log", die_with_parent=True))
+        time.sleep(1.5)  # the child has run prctl(PR_SET_PDEATHSIG) by now
+
+    thread = threading.Thread(target=start_and_wait)
+    thread.start()
+    thread.join()
+    (server,) = started
+    try:
+        time.sleep(2.0)  # the SIGTERM came within milliseconds of the thread's end
+        assert server.alive(), f"the server died with its starting thread: {server.popen.poll()}"
+    finally:
+        server.stop(grace_s=2.0)
+    assert not server.alive()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,8 @@ log = logging.getLogger(__name__)
 
 
 # Run in front of a launched server: Linux then SIGTERMs the server when the thread that launched
-# it dies, even by SIGKILL (prctl PR_SET_PDEATHSIG survives the exec into the server).
+# it dies, even by SIGKILL (prctl PR_SET_PDEATHSIG survives the exec into the server); such
+# servers are started from LAUNCHER's thread, which lives as long as evolm.
 DIE_WITH_PARENT = """import ctypes, os, signal, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 if os.getppid() != int(sys.argv[1]):
@@ -68,6 +71,43 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+class _Launcher:
+    """A thread that lives as long as the process, to start servers from.
+
+    PR_SET_PDEATHSIG fires when the *thread* that started the child exits, not the process: a
+    server started from a short-lived thread (the fleet starts its servers from a thread pool,
+    which ends once they are up) was SIGTERMed the moment that pool shut down, and every run
+    paid a second start-up when the watchdog restarted it. Started from this daemon thread, a
+    server dies with the process only."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():  # none yet, or we forked
+                self._thread = threading.Thread(
+                    target=self._loop, name="evolm-server-launcher", daemon=True
+                )
+                self._thread.start()
+        done: Future[Any] = Future()
+        self._jobs.put((fn, done))
+        return done.result()
+
+    def _loop(self) -> None:
+        while True:
+            fn, done = self._jobs.get()
+            try:
+                done.set_result(fn())
+            except BaseException as e:  # handed to the caller
+                done.set_exception(e)
+
+
+LAUNCHER = _Launcher()
+
+
 class ServerProcess:
     """One launched server; stdout and stderr go to ``log_path``. With ``die_with_parent`` (Linux)
     it is also stopped when evolm dies without cleaning up (SIGKILL, OOM)."""
@@ -85,15 +125,19 @@ class ServerProcess:
         argv = self.cmd
         if die_with_parent and sys.platform.startswith("linux"):
             argv = [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *self.cmd]
-        with open(log_path, "ab") as out:
-            self.popen = subprocess.Popen(
-                argv,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+
+        def start() -> subprocess.Popen[bytes]:
+            with open(log_path, "ab") as out:
+                return subprocess.Popen(
+                    argv,
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+
+        self.popen = LAUNCHER.run(start) if argv is not self.cmd else start()
         log.info("launched pid %d: %s (log: %s)", self.pid, " ".join(self.cmd), log_path)
 
     @property
