@@ -54,6 +54,24 @@ def test_hub_model_not_on_disk_names_the_key_and_the_fix(tmp_path: Path) -> None
     assert runs_left(tmp_path) == []
 
 
+def test_removed_waves_batching_is_refused_before_the_model(tmp_path: Path) -> None:
+    """``server.batching=waves`` (the lock-step path, removed) names the key and why, before the
+    model is even looked for (a hub model absent from an empty offline cache: its error would
+    come first otherwise)."""
+    proc = run_cli(
+        ["model=qwen2.5-0.5b-instruct", "server.batching=waves", "logger=none"],
+        timeout=120,
+        cwd=tmp_path,
+        env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf")},  # an empty cache
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "server.batching: batching=waves (the lock-step path) was removed" in out
+    assert "continuous batching replaced it" in out and "2.9x" in out
+    assert "not on disk" not in out and "Traceback" not in out
+    assert runs_left(tmp_path) == []
+
+
 def test_full_error_shows_the_traceback(tmp_path: Path) -> None:
     proc = run_cli(
         ["lora.rank=0", "logger=none"], timeout=120, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"}
