@@ -38,7 +38,7 @@ from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
-from evolm.server import pool
+from evolm.engine import pool
 from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
 
@@ -390,7 +390,7 @@ def train(cfg: DictConfig) -> float | list[float]:
     if checkpoint is not None:
         check_shapes(checkpoint, layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)
-    engine = pool.open_engine(  # a multirun's trials share one engine (evolm.server.pool)
+    engine = pool.open_engine(  # a multirun's trials share one engine (evolm.engine.pool)
         model_path,
         OmegaConf.to_container(cfg.server, resolve=True),  # type: ignore[arg-type]
         layout,

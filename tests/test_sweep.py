@@ -23,7 +23,7 @@ from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.lora.layout import LoraPopulation
 from evolm.sampling import Sampling
-from evolm.server import pool
+from evolm.engine import pool
 from evolm.server.remote import RemoteEngine
 from evolm.sweep.callback import _finite, check_objectives, check_rank_cover, search_space
 from evolm.sweep.study import pareto, resume_seed
