@@ -107,7 +107,7 @@ mlflow-ui: install-runtime ## Browse and compare runs: MLflow UI on http://127.0
 
 .PHONY: bench
 bench: install-runtime ## Time one population evaluation (CPU: tiny; GPU: 0.5B + 7B shapes). BENCH_ARGS=...
-	$(PY) -m evolm.bench $(BENCH_ARGS)
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 .PHONY: sweep
 sweep: install-runtime ## Optuna sweep of sigma, alpha, init_scale, rank; again = more trials. SWEEP_ARGS=...

@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from evolm.bench.methods import Workload, sample_population
-from evolm.bench.shapes import build_model
+from benchmarks.methods import Workload, sample_population
+from benchmarks.shapes import build_model
 from evolm.engine.fast.fp8 import Fp8Weight, _quantize_torch
 from evolm.engine.kernels.quant import quantize_rows
 from evolm.engine.local import LocalEngine

@@ -14,8 +14,8 @@ import json
 
 import torch
 
-from evolm.bench.methods import Workload, sample_population
-from evolm.bench.shapes import build_model
+from benchmarks.methods import Workload, sample_population
+from benchmarks.shapes import build_model
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec

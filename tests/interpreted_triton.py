@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from test_fastpath import check_forced, check_triton_ops, llama_model, population
 
-from evolm.bench.shapes import build_model
+from benchmarks.shapes import build_model
 from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.sampling import Sampling

@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from evolm.bench.__main__ import main
-from evolm.bench.roofline import Dims, floor
-from evolm.bench.shapes import shape_config
+from benchmarks.__main__ import main
+from benchmarks.roofline import Dims, floor
+from benchmarks.shapes import shape_config
 
 
 def test_bench_tiny_writes_json_and_markdown(tmp_path) -> None:
@@ -28,7 +28,7 @@ def test_bench_tiny_writes_json_and_markdown(tmp_path) -> None:
 
 def test_bench_imports_no_hydra() -> None:
     code = (
-        "import sys, evolm.bench.__main__\n"
+        "import sys, benchmarks.__main__\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf', 'mlflow')"
         " or m in ('evolm.config', 'evolm.app')]\n"
         "assert not bad, bad\n"

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from evolm.bench.shapes import build_model
+from benchmarks.shapes import build_model
 from evolm.engine.fast.lora import FastLora, GroupLora, RankActs, lora_delta, operand, project
 from evolm.engine.fast.runner import member_runs
 from evolm.engine.hf.multilora import load_population

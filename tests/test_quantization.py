@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from evolm.bench.shapes import build_model
+from benchmarks.shapes import build_model
 from evolm.engine.fast.fp8 import FP8_MAX, Fp8Weight, fp8_shape_problem, quantize_rows
 from evolm.engine.fast.lora import GroupLora, project
 from evolm.engine.fast.workspace import graph_key

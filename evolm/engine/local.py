@@ -47,7 +47,8 @@ from evolm.engine.fast.weights import unsupported_reason
 from evolm.engine.hf.generation import generate_tokens
 from evolm.engine.hf.kl import Scored, kl_along
 from evolm.engine.hf.multilora import attach, load_population
-from evolm.engine.options import LocalOptions
+from evolm.engine.fast.plan import SlotPlan
+from evolm.engine.options import LocalOptions, Tuning
 from evolm.engine.sampler import strip_after_eos
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
@@ -95,7 +96,6 @@ class LocalEngine(Engine):
     """
 
     loads = 0
-    lora_pad = 8  # rank columns of a fused group padded to this (see FastLora)
 
     def __init__(
         self,
@@ -130,7 +130,7 @@ class LocalEngine(Engine):
         start = time.perf_counter()
         model, tokenizer = load_causal_lm(model_path, device=str(torch_device), dtype=torch_dtype)
         LocalEngine.loads += 1
-        self._setup(model, tokenizer, layout, options, None)
+        self._setup(model, tokenizer, layout, options, Tuning(), None)
         log.info(
             "loaded %s on %s (%s, %s path) in %.1fs",
             model_path,
@@ -152,25 +152,30 @@ class LocalEngine(Engine):
         model: PreTrainedModel,
         layout: LoraLayout,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        tuning: Tuning | None = None,
         **settings: Any,
     ) -> LocalEngine:
         """An engine over an already loaded model (tests, benchmarks); ``settings``: fields of
-        :class:`LocalOptions` (``device`` and ``dtype`` are the model's). ``generate`` needs a
-        tokenizer, :meth:`generate_ids` does not."""
+        :class:`LocalOptions` (``device`` and ``dtype`` are the model's), ``tuning``: the fast
+        path's benchmark knobs. ``generate`` needs a tokenizer, :meth:`generate_ids` does not."""
         engine = cls.__new__(cls)
-        engine._setup(model.eval(), tokenizer, layout, LocalOptions(**settings), None)
+        options = LocalOptions(**settings)
+        engine._setup(model.eval(), tokenizer, layout, options, tuning or Tuning(), None)
         return engine
 
-    def with_options(self, **changes: Any) -> LocalEngine:
-        """A new engine over this one's loaded model (and fast forward) with some settings
+    def with_options(self, tuning: Tuning | None = None, **changes: Any) -> LocalEngine:
+        """A new engine over this one's loaded model and fast forward, with some settings
         changed (``max_batch_rows``, ``gpu_memory_utilization``, ``kv_cache_dtype``,
-        ``quantization``): a benchmark's methods, a test's caps. ``fast`` cannot change."""
+        ``quantization``) or other ``tuning``: a benchmark's methods, a test's caps. ``fast``
+        cannot change. Both engines stay usable: each brings the shared forward's quantization
+        back to its own setting when it generates."""
         options = dataclasses.replace(self.options, **changes)
         if options.fast != self.options.fast:
             raise ValueError("with_options cannot change the path (fast)")
         engine = type(self).__new__(type(self))
         fast_model = None if self.scheduler is None else self.scheduler.model
-        engine._setup(self.model, self.tokenizer, self.layout, options, fast_model)
+        tuned = self.tuning if tuning is None else tuning
+        engine._setup(self.model, self.tokenizer, self.layout, options, tuned, fast_model)
         return engine
 
     def _setup(
@@ -179,9 +184,10 @@ class LocalEngine(Engine):
         tokenizer: PreTrainedTokenizerBase | None,
         layout: LoraLayout,
         options: LocalOptions,
+        tuning: Tuning,
         fast_model: FastModel | None,
     ) -> None:
-        self.options = options
+        self.options, self.tuning = options, tuning
         self.device, self.dtype = model.device, model.dtype
         self.model, self.tokenizer = model, tokenizer
         self.layout, self.layers = layout, attach(model, layout)
@@ -194,6 +200,7 @@ class LocalEngine(Engine):
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.scheduler: Scheduler | None = None
         self._fast_lora: dict[int, FastLora] = {}
+        self._lora_version = -1  # the fast forward's weights_version the buffers were made for
         reason = None if options.fast is False else unsupported_reason(self.model)
         if options.fast and reason is not None:
             raise ConfigError("fast", f"the fast path does not support {reason}", "set fast=false")
@@ -203,8 +210,6 @@ class LocalEngine(Engine):
                 log.info("local engine: HF path (%s)", reason)
             return
         fast_model = FastModel(self.model) if fast_model is None else fast_model
-        if fast_model.quantized != (options.quantization == "fp8"):
-            self._quantize(fast_model, options.quantization == "fp8")
         cfg = self.model.config
         self.scheduler = Scheduler(
             fast_model,
@@ -212,9 +217,18 @@ class LocalEngine(Engine):
             utilization=options.gpu_memory_utilization,
             kv_dtype=options.kv_dtype,
             name=str(getattr(cfg, "_name_or_path", "") or cfg.model_type),
+            graphs=tuning.cuda_graphs,
+            prefill_tokens=tuning.prefill_tokens,
         )
+        self._match_quantization()
 
-    def _quantize(self, fast_model: FastModel, on: bool) -> None:
+    def _match_quantization(self) -> None:
+        """The fast forward's fp8 copies as ``quantization`` says (a sibling engine of
+        :meth:`with_options` may have changed them)."""
+        assert self.scheduler is not None
+        fast_model, on = self.scheduler.model, self.options.quantization == "fp8"
+        if fast_model.quantized == on:
+            return
         if on:
             problem = fp8_shape_problem(fast_model) if self.device.type == "cuda" else None
             if problem is not None:
@@ -228,8 +242,14 @@ class LocalEngine(Engine):
             )
 
     @property
-    def max_batch_rows(self) -> int | None:
-        return self.options.max_batch_rows
+    def fast_path(self) -> bool:
+        """True where the fast path generates (else the HF path)."""
+        return self.scheduler is not None
+
+    @property
+    def plan(self) -> SlotPlan | None:
+        """The memory plan of the last fast-path generation (slots, bytes per slot, budget)."""
+        return None if self.scheduler is None else self.scheduler.plan
 
     def use_layout(self, layout: LoraLayout) -> None:
         """Serve adapters of ``layout`` from now on, on the loaded model (a sweep trial with
@@ -371,6 +391,7 @@ class LocalEngine(Engine):
             if adapters is not None:
                 member = torch.arange(members).repeat_interleave(rows // members)
         if self.scheduler is not None:
+            self._match_quantization()
             lora = None if adapters is None else self.load_fast_lora(adapters)
             return self.scheduler.generate(
                 input_ids,
@@ -405,21 +426,40 @@ class LocalEngine(Engine):
     def load_fast_lora(self, adapters: LoraPopulation) -> FastLora:
         """The static grouped buffers for ``len(adapters)`` members, holding ``adapters``."""
         assert self.scheduler is not None, "the fast path's adapter buffers"
+        model = self.scheduler.model
+        if model.weights_version != self._lora_version:  # weights moved (here or a sibling's)
+            self.reset_fast_path()
         lora = self._fast_lora.get(len(adapters))
         if lora is None:
-            model = self.scheduler.model
             ins, outs = model.lora_dims()
             # on GPUs the first factors go in spare rows of the weights: one GEMM for both
             spare = model.spare_rows if model.ops.mode == "triton" else None
             version = model.weights_version
+            pad = self.tuning.lora_pad
             lora = FastLora(
-                self.layout, len(adapters), ins, outs, self.device, self.dtype, self.lora_pad, spare
+                self.layout, len(adapters), ins, outs, self.device, self.dtype, pad, spare
             )
             if model.weights_version != version:  # weights moved: older buffers and graphs
                 self.reset_fast_path()
             self._fast_lora[len(adapters)] = lora
+            self._lora_version = model.weights_version
         lora.load(adapters)
         return lora
+
+    def forced_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        adapters: LoraPopulation | None,
+        forced: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits ``[rows, T + 1, vocab]`` of the fast path after the prompt and after each of
+        the ``T`` tokens of ``forced [rows, T]`` (checks against a reference); member-major rows
+        as :meth:`generate_ids`'s."""
+        assert self.scheduler is not None, "forced logits are the fast path's"
+        self._match_quantization()
+        lora = None if adapters is None else self.load_fast_lora(adapters)
+        return self.scheduler.forced_logits(input_ids, attention_mask, lora, forced)
 
     def reset_fast_path(self) -> None:
         """Drop the grouped adapter buffers and the decode workspace (graphs included), e.g.
@@ -434,4 +474,5 @@ class LocalEngine(Engine):
         return {} if self.scheduler is None else dict(self.scheduler.last_timings)
 
     def close(self) -> None:
-        """Nothing to release beyond memory; kept for the Engine protocol."""
+        """Release the fast path's adapter buffers and workspace (the model stays loaded)."""
+        self.reset_fast_path()

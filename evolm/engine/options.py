@@ -132,3 +132,21 @@ class LocalOptions:
                 raise ConfigError(
                     key, f"{what} needs a GPU of compute capability >= 8.9, this one is {cap}", fix
                 )
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Knobs of the fast path for benchmarks and tests, not config keys (the defaults are what
+    users run): passed to :meth:`LocalEngine.from_model` / :meth:`LocalEngine.with_options`.
+
+    Args:
+        cuda_graphs: capture decode steps as CUDA graphs (None: on CUDA devices; False: eager,
+            so a profiler lists the kernels one by one).
+        prefill_tokens: tokens per prefill chunk (None: from a memory budget).
+        lora_pad: rank columns of a fused LoRA group padded to this (Triton ops: at least 16,
+            a power of 2).
+    """
+
+    cuda_graphs: bool | None = None
+    prefill_tokens: int | None = None
+    lora_pad: int = 8

@@ -1,6 +1,6 @@
 """W-real: the workload a user actually runs, side by side on one machine.
 
-``python -m evolm.bench --real``: N=30 members x P=200 prompts = 6,000 rows of 128-token
+``python -m benchmarks --real``: N=30 members x P=200 prompts = 6,000 rows of 128-token
 prompts, up to 1,024 new tokens, greedy, rank-4 LoRA on all 7 projections, random bf16 weights
 of the Qwen2.5-1.5B / 7B shapes. Two length regimes, forced so every engine generates exactly
 the same tokens (EOS ignored, each row its own max_new_tokens):
@@ -46,9 +46,9 @@ from typing import Any
 
 import torch
 
-from evolm.bench.methods import Workload, sample_population
-from evolm.bench.roofline import Dims, device_peaks
-from evolm.bench.shapes import build_model, save_model
+from benchmarks.methods import Workload, sample_population
+from benchmarks.roofline import Dims, device_peaks
+from benchmarks.shapes import build_model, save_model
 from evolm.engine.local import DTYPES, KV_CACHE_DTYPES, LocalEngine
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling

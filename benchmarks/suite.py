@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import transformers
 
-from evolm.bench import methods as M
-from evolm.bench.roofline import Dims, device_peaks, floor
-from evolm.bench.shapes import build_model, param_bytes
+from benchmarks import methods as M
+from benchmarks.roofline import Dims, device_peaks, floor
+from benchmarks.shapes import build_model, param_bytes
 from evolm.engine.hf.multilora import load_population
 from evolm.engine.local import DTYPES, LocalEngine
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec

@@ -1,11 +1,11 @@
-"""``python -m evolm.bench``: time one population evaluation per model shape, several ways.
+"""``python -m benchmarks``: time one population evaluation per model shape, several ways.
 
-    python -m evolm.bench                                   # tiny on CPU; 0.5B and 7B on a GPU
-    python -m evolm.bench --shape qwen2.5-7b --json out.json --markdown out.md
-    python -m evolm.bench --shape qwen2.5-0.5b --sglang-url http://127.0.0.1:30000 \\
+    python -m benchmarks                                   # tiny on CPU; 0.5B and 7B on a GPU
+    python -m benchmarks --shape qwen2.5-7b --json out.json --markdown out.md
+    python -m benchmarks --shape qwen2.5-0.5b --sglang-url http://127.0.0.1:30000 \\
         --sglang-model-path /tmp/m-0.5b                     # + evolm with server=sglang
-    python -m evolm.bench --shape qwen2.5-0.5b --save-model /tmp/m-0.5b   # a dir to serve
-    python -m evolm.bench --real --shape qwen2.5-1.5b --sglang-python /tmp/sgpy  # W-real
+    python -m benchmarks --shape qwen2.5-0.5b --save-model /tmp/m-0.5b   # a dir to serve
+    python -m benchmarks --real --shape qwen2.5-1.5b --sglang-python /tmp/sgpy  # W-real
 
 Imports neither Hydra nor evolm's config: it runs where only torch and transformers are.
 """
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from evolm.bench.methods import Workload
-from evolm.bench.report import markdown
-from evolm.bench.shapes import SHAPES, build_model, save_model
-from evolm.bench.suite import DEFAULT_METHODS, METHODS, run_workload
+from benchmarks.methods import Workload
+from benchmarks.report import markdown
+from benchmarks.shapes import SHAPES, build_model, save_model
+from benchmarks.suite import DEFAULT_METHODS, METHODS, run_workload
 from evolm.engine.local import DTYPES, resolve_device
 
-log = logging.getLogger("evolm.bench")
+log = logging.getLogger("benchmarks")
 REAL = "continuous,continuous_fp8,waves,sglang,evolm_sglang"
 REAL_OPT_IN = "continuous_w8,continuous_w8_fp8"  # fp8 GEMMs: named explicitly
 
@@ -35,7 +35,7 @@ CPU_DEFAULTS = {"members": 4, "prompts": 4, "prompt_len": 16, "new_tokens": 8}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m evolm.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     p.add_argument("--shape", action="append", choices=sorted(SHAPES), help="repeatable")
     p.add_argument("--members", type=int, help="N (GPU default 30, CPU 4)")
     p.add_argument("--prompts", type=int, help="P (GPU default 32, CPU 4)")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     device = resolve_device(args.device)
     if args.real:
-        from evolm.bench import real
+        from benchmarks import real
 
         args.methods = args.methods or REAL
         return real.main(args, device)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runner = None
     if args.sglang_url:
-        from evolm.bench.external import sglang_runner
+        from benchmarks.external import sglang_runner
 
         runner = sglang_runner(args.sglang_url, args.sglang_model_path or "")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())

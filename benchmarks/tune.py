@@ -1,6 +1,6 @@
-"""``python -m evolm.bench.tune``: the fast path's settings side by side, and where time goes.
+"""``python -m benchmarks.tune``: the fast path's settings side by side, and where time goes.
 
-    python -m evolm.bench.tune --shape qwen2.5-7b --variant pad=1,ops=eager --variant pad=8 \\
+    python -m benchmarks.tune --shape qwen2.5-7b --variant pad=1,ops=eager --variant pad=8 \\
         --profile --json out.json
 
 Builds the model once; for each variant (``pad`` = LoRA rank-column padding, ``ops`` =
@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from evolm.bench import methods as M
-from evolm.bench.shapes import SHAPES, build_model
+from benchmarks import methods as M
+from benchmarks.shapes import SHAPES, build_model
 from evolm.engine.local import DTYPES, LocalEngine
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 
-log = logging.getLogger("evolm.bench.tune")
+log = logging.getLogger("benchmarks.tune")
 
 
 def apply(engine: LocalEngine, variant: dict[str, str]) -> None:
@@ -165,7 +165,7 @@ def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool)
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    p = argparse.ArgumentParser(prog="python -m evolm.bench.tune")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tune")
     p.add_argument("--shape", action="append", choices=sorted(SHAPES))
     p.add_argument("--variant", action="append", default=[], help="k=v,k=v (repeatable)")
     p.add_argument("--reps", type=int, default=1)

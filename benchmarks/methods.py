@@ -8,7 +8,7 @@
 - ``paper_fast``: the same, generating with evolm's engine (base model) instead of HF;
 - ``hf_lora``: one HF ``generate`` per member with that member's single LoRA;
 - ``external``: any :data:`Runner` (e.g. evolm's SGLang engine, see
-  :func:`evolm.bench.external.sglang_runner`) given the same prompts and population.
+  :func:`benchmarks.external.sglang_runner`) given the same prompts and population.
 
 The per-member baselines run ``k`` members and scale by ``N / k`` (every member's work is the
 same shape); the result records ``members_timed``.
