@@ -33,12 +33,12 @@ from evolm.checkpoint import (
 )
 from evolm.compose_check import closest
 from evolm.config import Config
+from evolm.engine import pool
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
-from evolm.engine import pool
 from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from evolm.engine import pool
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout
 from evolm.sampling import Sampling
-from evolm.engine import pool
 from evolm.server.fleet import Fleet
 from evolm.server.sglang import SGLangEngine, sglang_servers
 from tests.test_server_sglang import PROMPTS, STANDIN, make_layout, population

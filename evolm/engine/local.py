@@ -42,12 +42,12 @@ from evolm.engine.base import Completion, Engine, Row, chat_prompt
 from evolm.engine.fast.fp8 import fp8_shape_problem
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
+from evolm.engine.fast.plan import SlotPlan
 from evolm.engine.fast.scheduler import Scheduler
 from evolm.engine.fast.weights import unsupported_reason
 from evolm.engine.hf.generation import generate_tokens
 from evolm.engine.hf.kl import Scored, kl_along
 from evolm.engine.hf.multilora import attach, load_population
-from evolm.engine.fast.plan import SlotPlan
 from evolm.engine.options import LocalOptions, Tuning
 from evolm.engine.sampler import strip_after_eos
 from evolm.errors import ConfigError
