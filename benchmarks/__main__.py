@@ -24,10 +24,10 @@ from benchmarks.methods import Workload
 from benchmarks.report import markdown
 from benchmarks.shapes import SHAPES, build_model, save_model
 from benchmarks.suite import DEFAULT_METHODS, METHODS, run_workload
-from evolm.engine.local import DTYPES, resolve_device
+from evolm.engine.options import DTYPES, LocalOptions, Tuning
 
 log = logging.getLogger("benchmarks")
-REAL = "continuous,continuous_fp8,waves,sglang,evolm_sglang"
+REAL = "continuous,continuous_fp8,sglang,evolm_sglang"
 REAL_OPT_IN = "continuous_w8,continuous_w8_fp8"  # fp8 GEMMs: named explicitly
 
 GPU_DEFAULTS = {"members": 30, "prompts": 32, "prompt_len": 64, "new_tokens": 128}
@@ -50,17 +50,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--real", action="store_true", help="W-real: 30 x 200 rows, up to 1,024 new")
     p.add_argument("--regimes", default="variable,fixed", help="--real: fixed and/or variable")
     p.add_argument("--sglang-python", help="--real: python that runs sglang.launch_server")
-    p.add_argument("--wave-rows", type=int, default=2000, help="--real: rows per wave (waves)")
+    p.add_argument(
+        "--wave-rows", type=int, default=2000, help="--real: ignored (the waves path was removed)"
+    )
     p.add_argument("--reps", type=int, default=3, help="timed runs of (a), (b), (e)")
     p.add_argument("--baseline-members", type=int, default=3, help="members timed for (c), (d)")
     p.add_argument("--sglang-url", help="(e): an SGLang server serving --sglang-model-path")
     p.add_argument("--sglang-model-path", help="the model directory the server serves")
     p.add_argument("--save-model", help="write the (first) shape's random model here and exit")
     p.add_argument("--profile", action="store_true", help="top GPU kernels of one evolm run")
-    p.add_argument("--bucket", type=int, help="fast path: decode cache bucket (default 32)")
+    p.add_argument("--bucket", type=int, help="removed with the waves path (refused)")
     p.add_argument("--prefill-tokens", type=int, help="fast path: tokens per prefill chunk")
     p.add_argument("--no-graphs", action="store_true", help="fast path: no CUDA graphs")
-    p.add_argument("--batching", default="continuous", help="continuous or waves (older path)")
+    p.add_argument("--batching", default="continuous", help="continuous (waves: removed, refused)")
     p.add_argument("--json", help="write the records here")
     p.add_argument("--markdown", help="write the tables here")
     return p.parse_args(argv)
@@ -77,7 +79,12 @@ def workloads(args: argparse.Namespace, device: torch.device) -> list[Workload]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse(argv)
-    device = resolve_device(args.device)
+    if args.bucket is not None or args.batching != "continuous":
+        raise SystemExit(
+            "--bucket / --batching: the lock-step waves path was removed (continuous batching "
+            "replaced it); to time it, run the older tree's python -m evolm.bench"
+        )
+    device = LocalOptions(device=args.device).resolve_device()
     if args.real:
         from benchmarks import real
 
@@ -100,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {','.join(METHODS)}")
     records = []
     for work in works:
-        fast = {"bucket": args.bucket, "prefill_tokens": args.prefill_tokens}
-        fast = {k: v for k, v in fast.items() if v is not None}
-        if args.no_graphs:
-            fast["graphs"] = False
+        tuning = Tuning(
+            cuda_graphs=False if args.no_graphs else None, prefill_tokens=args.prefill_tokens
+        )
         records.append(
             run_workload(
                 work,
@@ -113,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.baseline_members,
                 runner,
                 args.profile,
-                fast,
-                args.batching,
+                tuning,
             )
         )
         if device.type == "cuda":

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from evolm import dist
 from benchmarks.methods import Workload, sample_population, timed
 from benchmarks.shapes import build_model, shape_config
+from evolm import dist
 from evolm.engine.base import Row
 from evolm.engine.local import LocalEngine
 from evolm.es import ES

@@ -173,9 +173,8 @@ class LocalEngine(Engine):
         if options.fast != self.options.fast:
             raise ValueError("with_options cannot change the path (fast)")
         engine = type(self).__new__(type(self))
-        fast_model = None if self.scheduler is None else self.scheduler.model
         tuned = self.tuning if tuning is None else tuning
-        engine._setup(self.model, self.tokenizer, self.layout, options, tuned, fast_model)
+        engine._setup(self.model, self.tokenizer, self.layout, options, tuned, self)
         return engine
 
     def _setup(
@@ -185,12 +184,14 @@ class LocalEngine(Engine):
         layout: LoraLayout,
         options: LocalOptions,
         tuning: Tuning,
-        fast_model: FastModel | None,
+        source: LocalEngine | None,
     ) -> None:
+        """``source``: the engine whose model wrappers and fast forward this one shares."""
         self.options, self.tuning = options, tuning
         self.device, self.dtype = model.device, model.dtype
         self.model, self.tokenizer = model, tokenizer
-        self.layout, self.layers = layout, attach(model, layout)
+        self.layout = layout
+        self.layers = attach(model, layout) if source is None else source.layers
         eos = self.model.generation_config.eos_token_id
         eos_ids = {*([eos] if isinstance(eos, int) else list(eos or []))}
         if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -209,7 +210,8 @@ class LocalEngine(Engine):
             if reason is not None:
                 log.info("local engine: HF path (%s)", reason)
             return
-        fast_model = FastModel(self.model) if fast_model is None else fast_model
+        shared = None if source is None or source.scheduler is None else source.scheduler.model
+        fast_model = FastModel(self.model) if shared is None else shared
         cfg = self.model.config
         self.scheduler = Scheduler(
             fast_model,
