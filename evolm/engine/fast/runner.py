@@ -8,6 +8,8 @@ held.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -29,6 +31,23 @@ def member_runs(members: list[int], length: int) -> tuple[tuple[int, int, int], 
         else:
             runs.append((m, i * length, (i + 1) * length))
     return tuple(runs)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows of one generation, as the scheduler hands them to the runner: left-padded
+    ``ids`` / ``mask`` on the device, each row's member and token budget, the decoding settings,
+    and ``out``: ``widest`` new tokens per row, row-major, plus one dump cell at the end."""
+
+    ids: Tensor
+    mask: Tensor
+    members: Tensor
+    budgets: Tensor
+    sampling: Sampling
+    eos: Tensor
+    out: Tensor
+    widest: int
+    generator: torch.Generator | None
 
 
 class ModelRunner:
@@ -80,33 +99,25 @@ class ModelRunner:
     def prefill(
         self,
         ws: Workspace,
-        ids: Tensor,
-        mask: Tensor,
+        rows: Rows,
         chosen: list[int],
         slots: list[int],
-        members: Tensor,
-        budgets: Tensor,
         lora: FastLora | None,
-        sampling: Sampling,
-        eos: Tensor,
-        out: Tensor,
-        widest: int,
-        generator: torch.Generator | None,
         chunk: int,
     ) -> None:
         """Prompts of rows ``chosen`` into ``slots``, ``chunk`` rows per forward; each row's
-        first token (into ``out``, row-major with ``widest`` tokens per row)."""
+        first token (into ``rows.out``)."""
         rows_t = torch.tensor(chosen, dtype=torch.long, device=self.device)
         slots_t = torch.tensor(slots, dtype=torch.long, device=self.device)
         for lo in range(0, len(chosen), chunk):
             r, s = rows_t[lo : lo + chunk], slots_t[lo : lo + chunk]
-            logits = self.prefill_chunk(ws, ids, mask, r, s, members, lora)
-            first = next_token(logits, sampling, generator)
-            ws.budget[s] = budgets[r]
+            logits = self.prefill_chunk(ws, rows.ids, rows.mask, r, s, rows.members, lora)
+            first = next_token(logits, rows.sampling, rows.generator)
+            ws.budget[s] = rows.budgets[r]
             ws.tok[s] = first
             ws.gen[s] = 1
-            out[r * widest] = first
-            ws.done[s] = torch.isin(first, eos) | (budgets[r] <= 1)
+            rows.out[r * rows.widest] = first
+            ws.done[s] = torch.isin(first, rows.eos) | (rows.budgets[r] <= 1)
 
     def forward(self, ws: Workspace, batch: int, lora: FastLora | None, greedy: bool) -> None:
         """The decode forward of the batch's slots at their current tokens: greedy's argmax in
@@ -132,23 +143,16 @@ class ModelRunner:
             ws.graphs[key] = (capture(run, ws.pool), lora)
         ws.graphs[key][0].replay()  # type: ignore[attr-defined]
 
-    def step(
-        self,
-        ws: Workspace,
-        batch: int,
-        lora: FastLora | None,
-        sampling: Sampling,
-        eos: Tensor,
-        out: Tensor,
-        widest: int,
-        generator: torch.Generator | None,
-    ) -> None:
-        """One decode step: each live slot's next token into ``out``; finished slots (EOS or
-        budget) stop advancing."""
-        greedy = sampling.temperature == 0
-        sel = ws.sel[:batch]
+    def step(self, ws: Workspace, batch: int, lora: FastLora | None, rows: Rows) -> None:
+        """One decode step of the batch's slots: each live slot's next token into
+        ``rows.out``; finished slots (EOS or budget) stop advancing."""
+        greedy = rows.sampling.temperature == 0
+        sel, out, widest = ws.sel[:batch], rows.out, rows.widest
         self.forward(ws, batch, lora, greedy)
-        nxt = ws.next[:batch] if greedy else next_token(ws.logits[:batch], sampling, generator)
+        if greedy:
+            nxt = ws.next[:batch]
+        else:
+            nxt = next_token(ws.logits[:batch], rows.sampling, rows.generator)
         live = ~ws.done[sel]
         gen = ws.gen[sel]
         dump = out.shape[0] - 1
@@ -158,4 +162,4 @@ class ModelRunner:
         step = live.long()
         ws.gen[sel] = gen + step
         ws.lens[sel] = ws.lens[sel] + step
-        ws.done[sel] = ~live | torch.isin(nxt, eos) | (gen + step >= ws.budget[sel])
+        ws.done[sel] = ~live | torch.isin(nxt, rows.eos) | (gen + step >= ws.budget[sel])

@@ -34,7 +34,7 @@ from evolm.engine.fast.cudagraph import PhaseTimer
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
 from evolm.engine.fast.plan import Shape, SlotPlan, device_memory, plan_slots
-from evolm.engine.fast.runner import ModelRunner
+from evolm.engine.fast.runner import ModelRunner, Rows
 from evolm.engine.fast.workspace import (
     CHECK_EVERY,
     MIN_PREFILL_BYTES,
@@ -193,11 +193,17 @@ class Scheduler:
         members = (
             torch.zeros(rows, dtype=torch.long, device=dev) if member is None else member.to(dev)
         )
-        budget_t = torch.tensor(list(budgets), dtype=torch.long, device=dev)
-        eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
-        out = torch.full((rows * widest + 1,), pad_id, dtype=torch.long, device=dev)
-        mask = attention_mask.to(dev).bool()
-        ids = input_ids.to(dev)
+        batch_rows = Rows(
+            ids=input_ids.to(dev),
+            mask=attention_mask.to(dev).bool(),
+            members=members,
+            budgets=torch.tensor(list(budgets), dtype=torch.long, device=dev),
+            sampling=sampling,
+            eos=torch.tensor(list(eos_ids), dtype=torch.long, device=dev),
+            out=torch.full((rows * widest + 1,), pad_id, dtype=torch.long, device=dev),
+            widest=widest,
+            generator=generator,
+        )
         chunk = max(1, self._prefill_budget() // length)
         order = sorted(range(rows), key=lambda r: -budgets[r])
         queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
@@ -217,10 +223,7 @@ class Scheduler:
                     for row, slot in zip(chosen, slots, strict=True):
                         slot_member[slot] = member_of[row]
                 begin = timer.now()
-                runner.prefill(
-                    ws, ids, mask, chosen, slots, members, budget_t, lora, sampling,
-                    eos, out, widest, generator, chunk,
-                )  # fmt: skip
+                runner.prefill(ws, batch_rows, chosen, slots, lora, chunk)
                 spans.append((begin, timer.now()))
                 prefills += 1
                 active += slots
@@ -230,7 +233,7 @@ class Scheduler:
                     ws.member[ws.slots] = slot_member[active[-1]]
                 batch = ws.set_batch(active)
             for _ in range(self.check_every):
-                runner.step(ws, batch, lora, sampling, eos, out, widest, generator)
+                runner.step(ws, batch, lora, batch_rows)
                 steps += 1
             busy, padded = busy + len(active) * self.check_every, padded + batch * self.check_every
             done = ws.done[ws.sel[: len(active)]].tolist()
@@ -250,7 +253,7 @@ class Scheduler:
             rows_per_step=busy / max(1, steps),
             padding=1 - busy / max(1, padded),
         )
-        return out[:-1].view(rows, widest)
+        return batch_rows.out[:-1].view(rows, widest)
 
     @torch.inference_mode()
     def forced_logits(
