@@ -32,8 +32,37 @@ WAVES_REMOVED = (
 
 @dataclass(frozen=True)
 class LocalOptions:
-    """The settings of :class:`~evolm.engine.local.LocalEngine` (its docstring says what each
-    does), checked at construction."""
+    """The settings of :class:`~evolm.engine.local.LocalEngine` (``server.*``), checked at
+    construction.
+
+    Args:
+        device: ``auto`` (CUDA if available), ``cpu``, ``cuda``, ``cuda:1``...
+        dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``float32``, ``bfloat16``, ``float16``.
+        max_batch_rows: at most this many rows decode at once (``None``: as many as fit in
+            memory; the HF path: chunks of whole members of at most this many rows).
+        gpu_memory_utilization: share of the GPU's memory the engine may fill (weights,
+            adapters, KV cache, activations); the slot count follows from it.
+        batching: ``continuous`` (slots refilled as rows finish; the only value: the older
+            ``waves`` was removed, see :data:`evolm.engine.options.WAVES_REMOVED`).
+        kv_cache_dtype: ``auto`` (the model's dtype) or ``fp8`` (e4m3, GPUs of compute
+            capability >= 8.9 or CPUs): half the KV bytes of bf16, so about twice the slots and
+            half the attention reads. K/V are rounded to fp8 with no scale (about 4% relative
+            error per attention output on random data; values beyond +-448 saturate, and models
+            with large K values, e.g. Qwen2.x, lose more), so tokens differ from the ``auto``
+            cache's. Opt-in, for throughput.
+        quantization: ``null`` (the model's dtype) or ``fp8``: the projections' GEMMs in fp8
+            e4m3 (W8A8: one scale per weight output channel, one per token of the input; fast
+            path only, GPUs of compute capability >= 8.9 or CPUs). Hopper's fp8 GEMMs ran
+            1.4-1.5x faster than bf16 here, so the GEMM-bound shapes (7B, prefill) gain most.
+            The LoRA products, attention, norms and the LM head stay in the model's dtype, so the
+            members' perturbations are applied exactly; the base model's outputs are rounded
+            (~3.7% relative error per projection on random data) and tokens differ from the
+            unquantized model's. Opt-in, for throughput; see :mod:`evolm.engine.fast.fp8`.
+        threads: CPU threads for torch (``None``: torch's default). Small models on a busy
+            machine run faster, and steadier, on 1.
+        fast: use the fast path (``None``: where the architecture supports it; ``True``: raise
+            if it does not; ``False``: the HF path).
+    """
 
     device: str = "auto"
     dtype: str = "auto"
