@@ -44,7 +44,6 @@ def check_slots(engine: LocalEngine, layout: LoraLayout) -> bool:
     capped.scheduler.model.set_ops("eager")
     eager_tokens = capped.generate_ids(ids, mask, pop, sampling, **kw)  # type: ignore[arg-type]
     capped.scheduler.model.set_ops("triton")
-    engine.use_layout(layout)  # the engine's own adapter wrappers back
     return bool(torch.equal(triton_tokens, eager_tokens))
 
 
