@@ -67,6 +67,7 @@ def test_es_core_imports_only_torch_and_errors(graph: grimp.ImportGraph) -> None
         ("evolm.task", "evolm.engine"),
         ("evolm.lora", "evolm.engine"),
         ("evolm.model", "evolm.engine"),
+        ("evolm.engine.fast", "evolm.engine.hf"),  # the fast path samples with engine.sampler
     ],
 )
 def test_forbidden_edges(graph: grimp.ImportGraph, source: str, forbidden: str) -> None:
