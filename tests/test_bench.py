@@ -9,6 +9,7 @@ import sys
 from benchmarks.__main__ import main
 from benchmarks.roofline import Dims, floor
 from benchmarks.shapes import shape_config
+from tests.helpers import REPO
 
 
 def test_bench_tiny_writes_json_and_markdown(tmp_path) -> None:
@@ -33,7 +34,7 @@ def test_bench_imports_no_hydra() -> None:
         " or m in ('evolm.config', 'evolm.app')]\n"
         "assert not bad, bad\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_roofline_matches_the_reference_floor() -> None:
@@ -67,8 +68,8 @@ def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
     args = ["--shape", "tiny", "--members", "2", "--prompts", "3", "--prompt-len", "8"]
     args += ["--new-tokens", "6", "--device", "cpu", "--regimes", "variable,fixed"]
     args += ["--methods", "continuous,continuous_fp8,waves", "--json", str(out_json)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.real", *args], capture_output=True, text=True
+    proc = subprocess.run(  # from the checkout's root: benchmarks/ is not installed
+        [sys.executable, "-m", "benchmarks.real", *args], capture_output=True, text=True, cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out_json.read_text())
@@ -106,8 +107,6 @@ def test_benchmarks_use_the_public_engine_api() -> None:
         }
         if module not in KERNEL_BENCHES:
             assert imported <= ENGINE_API, (module, sorted(imported - ENGINE_API))
-    from tests.helpers import REPO
-
     for path in sorted((REPO / "benchmarks").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
