@@ -83,12 +83,12 @@ test-fast: install ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install ## Lint and check formatting with ruff
-	$(VENV)/bin/ruff check evolm tests
-	$(VENV)/bin/ruff format --check evolm tests
+	$(VENV)/bin/ruff check evolm benchmarks tests
+	$(VENV)/bin/ruff format --check evolm benchmarks tests
 
 format: install ## Format the code with ruff
-	$(VENV)/bin/ruff format evolm tests
-	$(VENV)/bin/ruff check --fix evolm tests
+	$(VENV)/bin/ruff format evolm benchmarks tests
+	$(VENV)/bin/ruff check --fix evolm benchmarks tests
 
 clean: ## Remove outputs/ (runs, sweeps, mlflow.db, optuna.db) and .venv; not the model cache
 	rm -rf outputs $(VENV)
@@ -107,7 +107,7 @@ mlflow-ui: install-runtime ## Browse and compare runs: MLflow UI on http://127.0
 
 .PHONY: bench
 bench: install-runtime ## Time one population evaluation (CPU: tiny; GPU: 0.5B + 7B shapes). BENCH_ARGS=...
-	$(PY) -m evolm.bench $(BENCH_ARGS)
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 .PHONY: sweep
 sweep: install-runtime ## Optuna sweep of sigma, alpha, init_scale, rank; again = more trials. SWEEP_ARGS=...

@@ -33,12 +33,12 @@ from evolm.checkpoint import (
 )
 from evolm.compose_check import closest
 from evolm.config import Config
+from evolm.engine import pool
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
-from evolm.server import pool
 from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
 
@@ -254,15 +254,28 @@ def build_parts(build: Builder, cfg: DictConfig) -> Parts:
     named |= {f"logger.{k}": build(f"logger.{k}", c) for k, c in cfg.logger.items()}
     task = build_task(build, "task", cfg.task)
     extra = {k: build_task(build, f"extra_evals.{k}", t) for k, t in cfg.extra_evals.items()}
+    make_engine = checked_engine(build("server", cfg.server))  # before the model is looked for
     return Parts(
         task=task,
         model_spec=build("model", cfg.model),
         lora_spec=build("lora", cfg.lora),
         strategy=build("es", cfg.es),
-        make_engine=build("server", cfg.server),
+        make_engine=make_engine,
         callbacks=named,
         extra_evals=extra,
     )
+
+
+def checked_engine(make_engine: Any) -> Any:
+    """The engine's partial, its settings checked now where the engine can check them without
+    loading anything (``LocalEngine.check_settings``): before any model loads."""
+    check = getattr(getattr(make_engine, "func", None), "check_settings", None)
+    if check is not None:
+        try:
+            check(**make_engine.keywords)
+        except ConfigError as e:
+            raise e.in_group("server") from None
+    return make_engine
 
 
 def build_task(build: Builder, group: str, node: Any) -> Task:
@@ -377,7 +390,7 @@ def train(cfg: DictConfig) -> float | list[float]:
     if checkpoint is not None:
         check_shapes(checkpoint, layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)
-    engine = pool.open_engine(  # a multirun's trials share one engine (evolm.server.pool)
+    engine = pool.open_engine(  # a multirun's trials share one engine (evolm.engine.pool)
         model_path,
         OmegaConf.to_container(cfg.server, resolve=True),  # type: ignore[arg-type]
         layout,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# W-real on a GPU machine: evolm's continuous batching vs the older wave path vs a real SGLang
-# server, on the same rows (python -m evolm.bench --real). Steps run one after another within
+# W-real on a GPU machine: evolm's continuous batching (and its fp8 options) vs a real SGLang
+# server, on the same rows (python -m benchmarks --real; the older wave path was removed). Steps run one after another within
 # one time budget, each writing its own JSON under OUT as it goes.
 #
 #   launchers/bench_real_gpu.sh BUNDLE OUT BUDGET_S STEP...
@@ -27,11 +27,11 @@ for step in "$@"; do
   echo "== $step (${t}s left)"
   case $kind in
     check) timeout "$t" python3 tests/cuda_slots_check.py | tee "$out/check.json" ;;
-    local) timeout "$t" python3 -m evolm.bench --real --shape "$shape" --regimes "$regimes" \
-             --methods "${methods:-continuous,waves}" --wave-rows "${WAVE_ROWS:-2000}" \
+    local) timeout "$t" python3 -m benchmarks --real --shape "$shape" --regimes "$regimes" \
+             --methods "${methods:-continuous,continuous_fp8}" \
              --json "$out/local-$shape-${methods:-both}.json" ;;
     sglang) while [ ! -e /tmp/site/.done ]; do sleep 2; done
-            t=$(left); timeout "$t" python3 -m evolm.bench --real --shape "$shape" \
+            t=$(left); timeout "$t" python3 -m benchmarks --real --shape "$shape" \
              --regimes "$regimes" --methods "${methods:-sglang}" --sglang-python /tmp/sgpy \
              --json "$out/sglang-$shape-${methods:-sglang}.json" ;;
   esac

@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from evolm.bench.methods import Workload, sample_population
-from evolm.bench.shapes import build_model
+from benchmarks.methods import Workload, sample_population
+from benchmarks.shapes import build_model
 from evolm.engine.fast.fp8 import Fp8Weight, _quantize_torch
 from evolm.engine.kernels.quant import quantize_rows
 from evolm.engine.local import LocalEngine
@@ -94,13 +94,14 @@ def logits(shape: str = "qwen2.5-1.5b", members: int = 4, prompts: int = 8) -> d
     ids = torch.randint(10, vocab, (prompts, 32), generator=gen).repeat(members, 1).to(DEV)
     mask = torch.ones_like(ids)
     forced = torch.randint(10, vocab, (prompts, 6), generator=gen).repeat(members, 1).to(DEV)
-    assert engine.fast is not None
+    assert engine.scheduler is not None
     res = {}
     with torch.inference_mode():
-        ref = engine.fast.forced_logits(ids, mask, engine.load_fast_lora(pop), forced).float()
-        engine.reset_fast_path()
-        engine.fast.model.quantize()
-        got = engine.fast.forced_logits(ids, mask, engine.load_fast_lora(pop), forced).float()
+        ref = engine.scheduler.forced_logits(ids, mask, engine.load_fast_lora(pop), forced)
+        fp8 = engine.with_options(quantization="fp8")  # the same fast forward, quantized
+        assert fp8.scheduler is not None
+        got = fp8.scheduler.forced_logits(ids, mask, fp8.load_fast_lora(pop), forced).float()
+        ref = ref.float()
     res["logits_rel"] = rel(got, ref)
     res["argmax_agree"] = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
     # what ES ranks: how members differ on the same prompts (member m minus member 0)

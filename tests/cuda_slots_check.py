@@ -1,7 +1,8 @@
 """GPU check of continuous batching (run on a CUDA machine; prints one JSON line).
 
 - fp32 tiny model, Triton kernels, CUDA graphs per bucket: continuous batching with forced
-  refills, mixed budgets and shuffled members gives exactly the one-batch (waves) tokens;
+  refills, mixed budgets and shuffled members gives exactly the one-batch tokens (every row
+  in its own slot, member-major);
 - bf16 Qwen2.5-1.5B shape: the share of tokens equal between the two paths (bf16 greedy
   depends on batch composition, so not all);
 - the planner: a utilization too small for one row raises the ConfigError, not a CUDA OOM.
@@ -13,8 +14,8 @@ import json
 
 import torch
 
-from evolm.bench.methods import Workload, sample_population
-from evolm.bench.shapes import build_model
+from benchmarks.methods import Workload, sample_population
+from benchmarks.shapes import build_model
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
@@ -37,18 +38,17 @@ def compare(shape: str, dtype: torch.dtype, members: int, prompts: int, new: int
     mask[::3, :5] = 0  # left padding on some rows
     rows = ids.shape[0]
     sampling = Sampling(max_new_tokens=new)
-    engine.batching = "waves"
-    ref = engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])
-    engine.batching = "continuous"
-    engine.max_batch_rows = rows // 3
+    ref = engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])  # one batch
+    assert engine.last_timings["slots"] == rows and engine.last_timings["prefills"] == 1
+    capped = engine.with_options(max_batch_rows=rows // 3)
     member = torch.arange(members, device=dev).repeat_interleave(prompts)
     budgets = [int(b) for b in torch.randint(1, new + 1, (rows,), generator=gen)]
     budgets[0] = new
     perm = torch.randperm(rows, generator=gen).to(dev)
     got = torch.empty_like(ref)
-    out = engine.generate_slots(
-        ids[perm], mask[perm], member[perm], pop, [budgets[i] for i in perm.tolist()], sampling,
-        eos_ids=[],
+    out = capped.generate_ids(
+        ids[perm], mask[perm], pop, sampling, member=member[perm],
+        budgets=[budgets[i] for i in perm.tolist()], eos_ids=[],
     )  # fmt: skip
     got[perm] = out
     same = total = 0

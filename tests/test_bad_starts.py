@@ -38,20 +38,37 @@ def test_scorer_not_running_fails_before_the_model_loads(tmp_path: Path) -> None
     assert runs_left(tmp_path) == []
 
 
-def test_hub_model_not_on_disk_names_the_key_and_the_fix(tmp_path: Path) -> None:
-    """Before: a 47-line transformers traceback (`We couldn't connect to huggingface.co`)."""
+def refused_offline_hub_run(tmp_path: Path, *overrides: str) -> str:
+    """A run of a hub model absent from an empty offline cache: its refusal (exit 2, no run
+    directory left), the output returned."""
     proc = run_cli(
-        ["model=qwen2.5-0.5b-instruct", "logger=none"],
+        ["model=qwen2.5-0.5b-instruct", *overrides, "logger=none"],
         timeout=120,
         cwd=tmp_path,
         env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf")},  # an empty cache
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
+    assert runs_left(tmp_path) == []
+    return out
+
+
+def test_hub_model_not_on_disk_names_the_key_and_the_fix(tmp_path: Path) -> None:
+    """Before: a 47-line transformers traceback (`We couldn't connect to huggingface.co`)."""
+    out = refused_offline_hub_run(tmp_path)
     assert "model.name_or_path: hub model 'Qwen/Qwen2.5-0.5B-Instruct' is not on disk" in out
     assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in out and "HF_HUB_OFFLINE" in out
     assert "Traceback" not in out
-    assert runs_left(tmp_path) == []
+
+
+def test_removed_waves_batching_is_refused_before_the_model(tmp_path: Path) -> None:
+    """``server.batching=waves`` (the lock-step path, removed) names the key and why, before the
+    model is even looked for (a hub model absent from an empty offline cache: its error would
+    come first otherwise)."""
+    out = refused_offline_hub_run(tmp_path, "server.batching=waves")
+    assert "server.batching: batching=waves (the lock-step path) was removed" in out
+    assert "continuous batching replaced it" in out and "2.9x" in out
+    assert "not on disk" not in out and "Traceback" not in out
 
 
 def test_full_error_shows_the_traceback(tmp_path: Path) -> None:

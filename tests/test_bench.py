@@ -6,9 +6,10 @@ import json
 import subprocess
 import sys
 
-from evolm.bench.__main__ import main
-from evolm.bench.roofline import Dims, floor
-from evolm.bench.shapes import shape_config
+from benchmarks.__main__ import main
+from benchmarks.roofline import Dims, floor
+from benchmarks.shapes import shape_config
+from tests.helpers import REPO
 
 
 def test_bench_tiny_writes_json_and_markdown(tmp_path) -> None:
@@ -28,12 +29,12 @@ def test_bench_tiny_writes_json_and_markdown(tmp_path) -> None:
 
 def test_bench_imports_no_hydra() -> None:
     code = (
-        "import sys, evolm.bench.__main__\n"
+        "import sys, benchmarks.__main__\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf', 'mlflow')"
         " or m in ('evolm.config', 'evolm.app')]\n"
         "assert not bad, bad\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_roofline_matches_the_reference_floor() -> None:
@@ -57,3 +58,64 @@ def test_bench_fp8_methods_time_the_quantized_engine(tmp_path) -> None:
     assert record["results"]["evolm_fp8"]["tokens"] == 2 * 2 * 4
     assert {"fp8_speedup", "lora_overhead_fp8"} <= set(record["ratios"])
     assert record["check"]["max_abs_diff"] < 1e-4  # the engine was left unquantized
+
+
+def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
+    """W-real's driver on the tiny shape (``python -m benchmarks.real``, a subprocess): the local
+    methods through the public engine API generate every forced token; ``waves`` (removed) is
+    recorded as an error, not run."""
+    out_json = tmp_path / "real.json"
+    args = ["--shape", "tiny", "--members", "2", "--prompts", "3", "--prompt-len", "8"]
+    args += ["--new-tokens", "6", "--device", "cpu", "--regimes", "variable,fixed"]
+    args += ["--methods", "continuous,continuous_fp8,waves", "--json", str(out_json)]
+    proc = subprocess.run(  # from the checkout's root: benchmarks/ is not installed
+        [sys.executable, "-m", "benchmarks.real", *args], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(out_json.read_text())
+    for regime in ("variable", "fixed"):
+        res = record["results"][regime]
+        assert res["continuous"]["tokens"] == res["tokens"] == res["continuous_fp8"]["tokens"]
+        assert res["continuous"]["slots"] == 2 * 3  # every row has a slot (no device budget)
+        assert "continuous batching replaced it" in res["waves"]["error"]
+    assert record["results"]["fixed"]["tokens"] == 2 * 3 * 6
+    assert "| waves | error |" in proc.stdout
+
+
+ENGINE_API = {"evolm.engine", "evolm.engine.base", "evolm.engine.local", "evolm.engine.options"}
+KERNEL_BENCHES = {  # they time kernels, or pick them, directly (or run the HF modules bare)
+    "benchmarks.kernels",
+    "benchmarks.slot_tune",
+    "benchmarks.tune",
+    "benchmarks.methods",  # the paper / HF-LoRA baselines: evolm.engine.hf.multilora
+}
+
+
+def test_benchmarks_use_the_public_engine_api() -> None:
+    """Outside the kernel benchmarks, benchmarks import the engine only through its public API
+    (LocalEngine, its options, the Engine protocol), and no benchmark sets an engine's field."""
+    import ast
+
+    import grimp
+
+    graph = grimp.build_graph("benchmarks", "evolm", cache_dir=None)
+    for module in sorted(graph.find_children("benchmarks") | {"benchmarks"}):
+        imported = {
+            m
+            for m in graph.find_modules_directly_imported_by(module)
+            if m.startswith("evolm.engine")
+        }
+        if module not in KERNEL_BENCHES:
+            assert imported <= ENGINE_API, (module, sorted(imported - ENGINE_API))
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute):
+                        t = t.value  # engine.x.y = ...: still the engine's
+                    bad = isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                    assert not (bad and "engine" in t.value.id), (path.name, ast.unparse(t))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr":
+                assert "engine" not in ast.unparse(node.args[0]), (path.name, ast.unparse(node))

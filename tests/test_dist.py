@@ -403,7 +403,7 @@ BENCH = ["--members", "4", "--prompts", "3", "--prompt-len", "8", "--new-tokens"
 
 
 def _bench_worker(rank: int, port: int, out: str) -> None:
-    from evolm.bench import distributed
+    from benchmarks import distributed
 
     os.environ.update(gloo_env(rank, 2, port))
     distributed.main([*BENCH, "--reps", "1", "--json", out, "--markdown", out + ".md"])
@@ -411,7 +411,7 @@ def _bench_worker(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_distributed_benchmark_on_two_gloo_ranks(tmp_path: Path) -> None:
-    """``torchrun --nproc_per_node=2 -m evolm.bench.distributed`` on CPU: per-rank timings of
+    """``torchrun --nproc_per_node=2 -m benchmarks.distributed`` on CPU: per-rank timings of
     both ranks, the all-gather cost, the measured speedup and the 2/4/8 projection."""
     out = tmp_path / "bench.json"
     mp.spawn(_bench_worker, args=(free_port(), str(out)), nprocs=2, join=True)

@@ -14,9 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from evolm.bench.shapes import build_model
+from benchmarks.shapes import build_model
 from evolm.engine.fast.lora import FastLora, GroupLora, RankActs, lora_delta, operand, project
-from evolm.engine.fast.slots import member_runs
+from evolm.engine.fast.runner import member_runs
 from evolm.engine.hf.multilora import load_population
 from evolm.engine.kernels import tile_members
 from evolm.engine.local import LocalEngine
@@ -68,9 +68,9 @@ def check_forced(engine: LocalEngine, pop: LoraPopulation | None, prompts: int =
     ids, mask = left_padded(prompts, 9, vocab)
     ids, mask = ids.repeat(members, 1), mask.repeat(members, 1)
     forced = torch.randint(0, vocab, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
-    assert engine.fast is not None
+    assert engine.scheduler is not None
     lora = None if pop is None else engine.load_fast_lora(pop)
-    ours = engine.fast.forced_logits(
+    ours = engine.scheduler.forced_logits(
         ids.to(engine.device), mask.to(engine.device), lora, forced.to(engine.device)
     )
     ref = hf_reference(
@@ -93,10 +93,11 @@ def qwen() -> torch.nn.Module:
     ],
 )
 def test_forced_logits_equal_hf_multilora(qwen: torch.nn.Module, spec: LoraSpec) -> None:
-    """Padded prompts, prefill in chunks of one member, then 5 decode steps across a bucket."""
+    """Padded prompts, prefill in chunks of one row, then 5 decode steps."""
     layout = LoraLayout.from_hf_config(qwen.config, spec)
     engine = LocalEngine.from_model(qwen, layout, fast=True)
-    engine.fast.prefill_tokens, engine.fast.bucket = 1, 8  # many chunks; buckets 16, 24
+    assert engine.scheduler is not None
+    engine.scheduler.prefill_tokens = 1  # many chunks
     assert check_forced(engine, population(layout, 3)) <= TOL
     assert check_forced(engine, None) <= TOL
 
@@ -127,7 +128,6 @@ def test_llama_without_biases_matches_too(smol: bool) -> None:
     model = llama_model(smol)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=2))
     engine = LocalEngine.from_model(model, layout, fast=True)
-    engine.fast.bucket = 8  # decode steps across a bucket boundary
     assert check_forced(engine, population(layout, 2)) <= TOL
     assert check_forced(engine, None) <= TOL
 
@@ -222,23 +222,15 @@ def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
         sampling = Sampling(max_new_tokens=new)
         engine.generate_ids(rows, torch.ones_like(rows), None, sampling, eos_ids=[])
 
-    engine.batching = "waves"
+    assert engine.scheduler is not None  # the slot workspace: kept while the rows fit in it
     run(4, ids)
-    first = engine.fast.workspace
-    run(3, ids)
-    assert engine.fast.workspace is first  # fewer slots: same buffers
-    run(4, ids[:4])
-    assert engine.fast.workspace is not first  # other row count: rebuilt
-    engine.batching = "continuous"  # the slot workspace: kept while the rows fit in it
-    assert engine.slots is not None
-    run(4, ids)
-    slots = engine.slots.workspace
+    slots = engine.scheduler.workspace
     run(3, ids)  # same rows and (rounded) positions: same plan, same buffers and graphs
-    assert engine.slots.workspace is slots
+    assert engine.scheduler.workspace is slots
     run(4, ids[:4])  # fewer rows: they fit in the slots there are
-    assert engine.slots.workspace is slots
+    assert engine.scheduler.workspace is slots
     run(40, ids)  # more positions than its cache has: planned again
-    assert engine.slots.workspace is not slots
+    assert engine.scheduler.workspace is not slots
 
 
 @pytest.mark.gpu
@@ -250,9 +242,9 @@ def test_cuda_graph_decode_equals_hf_fp32(ops: str, prompts: int) -> None:
     model = build_model("tiny", torch.device("cuda"), torch.float32, seed=3)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
     engine = LocalEngine.from_model(model, layout, fast=True)
-    engine.fast.model.set_ops(ops)
-    assert engine.fast.graphs
-    engine.fast.bucket = 8
+    assert engine.scheduler is not None
+    engine.scheduler.model.set_ops(ops)
+    assert engine.scheduler.runner.graphs
     assert check_forced(engine, population(layout, 3), prompts) <= 1e-3
     assert check_forced(engine, None, prompts) <= 1e-3
 
@@ -265,8 +257,8 @@ def test_cuda_graph_decode_equals_hf_fp32_smollm2_shape(ops: str) -> None:
     model = llama_model(smol=True).to("cuda")
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
     engine = LocalEngine.from_model(model, layout, fast=True)
-    engine.fast.model.set_ops(ops)
-    engine.fast.bucket = 8
+    assert engine.scheduler is not None
+    engine.scheduler.model.set_ops(ops)
     assert check_forced(engine, population(layout, 3), 16) <= 1e-3
     assert check_forced(engine, None, 3) <= 1e-3
 

@@ -203,7 +203,7 @@ def engine(evolm_cache: Path) -> LocalEngine:
 def test_engine_answers_countdown_in_the_paper_format(engine: LocalEngine) -> None:
     """Greedy, the paper's prompt in its chat variant: the 0.5B reasons and closes with the
     answer tags (measured: format 1.0, arithmetic wrong, as the paper's base accuracy ~0)."""
-    assert engine.fast is not None
+    assert engine.scheduler is not None
     example = Countdown(chat_template=True).eval[1]  # [17, 51, 5] -> 872
     [[completion]] = engine.generate(
         [chat(engine.tokenizer, example)], None, Sampling(max_new_tokens=128), seed=0

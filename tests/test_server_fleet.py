@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from evolm.engine import pool
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout
 from evolm.sampling import Sampling
-from evolm.server import pool
 from evolm.server.connection import ServerProcess
 from evolm.server.fleet import Fleet
 from evolm.server.sglang import SGLangEngine, sglang_servers

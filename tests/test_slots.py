@@ -1,7 +1,7 @@
-"""Continuous batching (evolm.engine.fast.slots) and its memory planner, on CPU.
+"""Continuous batching (evolm.engine.fast.scheduler) and its memory planner, on CPU.
 
 Greedy tokens with forced refills (fewer slots than rows), per-row budgets and EOS mid-batch
-must equal the lock-step one-batch path and transformers' generate."""
+must equal the HF path's one batch and transformers' generate."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from transformers import AutoConfig
 
 from evolm.engine.fast.model import to_cache
 from evolm.engine.fast.plan import GiB, Shape, plan_slots
-from evolm.engine.fast.slots import buckets
+from evolm.engine.fast.workspace import buckets
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
@@ -40,12 +40,13 @@ def rows(engine: LocalEngine, members: int) -> tuple[torch.Tensor, torch.Tensor]
     return enc["input_ids"].repeat(members, 1), enc["attention_mask"].repeat(members, 1)
 
 
-def waves(engine: LocalEngine, *args: object, **kw: object) -> torch.Tensor:
-    engine.batching = "waves"
+def one_batch(engine: LocalEngine, *args: object, **kw: object) -> torch.Tensor:
+    """The HF path's lock-step batch over the same model (the reference)."""
+    hf = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     try:
-        return engine.generate_ids(*args, **kw)  # type: ignore[arg-type]
+        return hf.generate_ids(*args, **kw)  # type: ignore[arg-type]
     finally:
-        engine.batching = "continuous"
+        engine.use_layout(engine.layout)  # the fast engine's own wrappers back
 
 
 def test_refills_equal_one_batch_and_transformers(engine: LocalEngine) -> None:
@@ -53,14 +54,11 @@ def test_refills_equal_one_batch_and_transformers(engine: LocalEngine) -> None:
     pop = population(engine, 4)
     ids, mask = rows(engine, 4)
     sampling = Sampling(max_new_tokens=9)
-    one_batch = waves(engine, ids, mask, pop, sampling, eos_ids=[])
-    engine.max_batch_rows = 3
-    try:
-        slotted = engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])
-        assert engine.last_timings["slots"] == 3 and engine.last_timings["prefills"] >= 4
-    finally:
-        engine.max_batch_rows = None
-    assert torch.equal(slotted, one_batch)
+    reference = one_batch(engine, ids, mask, pop, sampling, eos_ids=[])
+    capped = engine.with_options(max_batch_rows=3)
+    slotted = capped.generate_ids(ids, mask, pop, sampling, eos_ids=[])
+    assert capped.last_timings["slots"] == 3 and capped.last_timings["prefills"] >= 4
+    assert torch.equal(slotted, reference)
     # the base model's rows equal transformers' generate
     base = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
     for i, prompt in enumerate(PROMPTS):
@@ -80,14 +78,13 @@ def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
     n = ids.shape[0]
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
     sampling = Sampling(max_new_tokens=12)
-    full = engine.generate_slots(ids, mask, member, pop, [12] * n, sampling, eos_ids=[])
+    full = engine.generate_ids(ids, mask, pop, sampling, member=member, eos_ids=[])
     eos = int(full[1, 4])  # a token that row 1 emits mid-way
     budgets = [1 + (5 * i) % 12 for i in range(n)]
-    engine.max_batch_rows = 4
-    try:
-        got = engine.generate_slots(ids, mask, member, pop, budgets, sampling, eos_ids=[eos])
-    finally:
-        engine.max_batch_rows = None
+    capped = engine.with_options(max_batch_rows=4)
+    got = capped.generate_ids(
+        ids, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[eos]
+    )
     assert got.shape == (n, max(budgets))
     stopped = 0
     for i in range(n):
@@ -107,22 +104,19 @@ def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
     ids, mask = rows(engine, 3)
     sampling = Sampling(max_new_tokens=6)
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
-    ordered = engine.generate_slots(ids, mask, member, pop, [6] * 9, sampling, eos_ids=[])
+    ordered = engine.generate_ids(ids, mask, pop, sampling, member=member, eos_ids=[])
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(0))
-    engine.max_batch_rows = 5
-    try:
-        shuffled = engine.generate_slots(
-            ids[perm], mask[perm], member[perm], pop, [6] * 9, sampling, eos_ids=[]
-        )
-    finally:
-        engine.max_batch_rows = None
+    capped = engine.with_options(max_batch_rows=5)
+    shuffled = capped.generate_ids(
+        ids[perm], mask[perm], pop, sampling, member=member[perm], eos_ids=[]
+    )
     assert torch.equal(shuffled, ordered[perm])
 
 
 def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> None:
     """Prefills take their rows sorted by member; eager LoRA by member runs (one GEMM per
     member's run of tokens) samples the same tokens, row by row, as the per-row path."""
-    assert engine.slots is not None
+    assert engine.scheduler is not None
     pop = population(engine, 3)
     ids, mask = rows(engine, 3)
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(1))
@@ -131,14 +125,14 @@ def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> No
 
     def sampled() -> torch.Tensor:
         seed = torch.Generator().manual_seed(7)
-        return engine.generate_slots(ids[perm], mask[perm], member, pop, [6] * 9, hot, seed, [])
+        return engine.generate_ids(ids[perm], mask[perm], pop, hot, seed, member=member, eos_ids=[])
 
     by_runs = sampled()
-    engine.slots.prefill_runs = False
+    engine.scheduler.runner.prefill_runs = False
     try:
         per_row = sampled()
     finally:
-        engine.slots.prefill_runs = True
+        engine.scheduler.runner.prefill_runs = True
     assert torch.equal(by_runs, per_row)
 
 
@@ -151,20 +145,16 @@ def test_fp8_cache_writes_saturate() -> None:
     assert to_cache(same, torch.zeros(2)) is same
 
 
-def test_generate_text_equals_waves(engine: LocalEngine) -> None:
+def test_generate_text_equals_hf_path(engine: LocalEngine) -> None:
     """The public generate (EOS on) gives the same texts on both paths."""
     pop = population(engine, 2)
     sampling = Sampling(max_new_tokens=10)
-    engine.max_batch_rows = 2
+    cont = engine.with_options(max_batch_rows=2).generate(PROMPTS, pop, sampling, seed=0)
+    hf = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     try:
-        cont = engine.generate(PROMPTS, pop, sampling, seed=0)
+        old = hf.generate(PROMPTS, pop, sampling, seed=0)
     finally:
-        engine.max_batch_rows = None
-    engine.batching = "waves"
-    try:
-        old = engine.generate(PROMPTS, pop, sampling, seed=0)
-    finally:
-        engine.batching = "continuous"
+        engine.use_layout(engine.layout)
     assert cont == old and len(cont) == 2 and len(cont[0]) == len(PROMPTS)
 
 
@@ -177,20 +167,20 @@ SHAPE = Shape(
 def test_workspace_kept_for_smaller_generations(engine: LocalEngine) -> None:
     """An evaluation (fewer rows) after a population's generation reuses its slots, cache and
     graphs instead of planning and allocating again; more positions than it has: re-planned."""
-    assert engine.slots is not None
+    assert engine.scheduler is not None
     pop = population(engine, 4)
     ids, mask = rows(engine, 4)
     sampling = Sampling(max_new_tokens=6)
-    engine.slots.workspace = None
+    engine.scheduler.reset()
     alone = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
     engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])
-    ws = engine.slots.workspace
+    ws = engine.scheduler.workspace
     assert ws is not None and ws.slots == ids.shape[0]
     after = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
-    assert engine.slots.workspace is ws
+    assert engine.scheduler.workspace is ws
     assert torch.equal(after, alone)
     engine.generate_ids(ids[:3], mask[:3], None, Sampling(max_new_tokens=60), eos_ids=[])
-    assert engine.slots.workspace is not ws and engine.slots.workspace is not None
+    assert engine.scheduler.workspace is not ws and engine.scheduler.workspace is not None
 
 
 def test_planner_sizes_slots_from_free_memory() -> None:
@@ -246,9 +236,9 @@ def test_bad_batching_settings(tiny_model_dir: str) -> None:
     with pytest.raises(ConfigError) as err:
         LocalEngine(tiny_model_dir, layout, device="cpu", kv_cache_dtype="int4")
     assert err.value.key == "kv_cache_dtype" and "fp8" in str(err.value)
-    with pytest.raises(ConfigError) as err:
-        LocalEngine(tiny_model_dir, layout, device="cpu", kv_cache_dtype="fp8", batching="waves")
-    assert err.value.key == "kv_cache_dtype" and "continuous" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # the lock-step path was removed: said so, and why
+        LocalEngine(tiny_model_dir, layout, device="cpu", batching="waves")
+    assert err.value.key == "batching" and "continuous batching replaced it" in str(err.value)
     assert LocalEngine.loads == loads  # refused before any model loads
     with pytest.raises(ConfigError, match="fast path"):
         LocalEngine(tiny_model_dir, layout, device="cpu", kv_cache_dtype="fp8", fast=False)
@@ -263,20 +253,20 @@ def test_fp8_kv_cache(engine: LocalEngine, tiny_model_dir: str) -> None:
     ids, mask = rows(engine, 3)
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
     sampling = Sampling(max_new_tokens=12)
-    args = (ids, mask, member, pop, [12] * ids.shape[0], sampling)
-    ref = engine.generate_slots(*args, eos_ids=[])
-    got = fp8.generate_slots(*args, eos_ids=[])
-    assert fp8.slots is not None and fp8.slots.workspace is not None
-    cache = fp8.slots.workspace.cache
+    args = (ids, mask, pop, sampling)
+    ref = engine.generate_ids(*args, member=member, eos_ids=[])
+    got = fp8.generate_ids(*args, member=member, eos_ids=[])
+    assert fp8.scheduler is not None and fp8.scheduler.workspace is not None
+    cache = fp8.scheduler.workspace.cache
     assert cache.k.dtype == cache.v.dtype == torch.float8_e4m3fn
-    assert engine.slots is not None and engine.slots.workspace is not None
-    assert engine.slots.workspace.cache.k.element_size() == 4 * cache.k.element_size()
+    assert engine.scheduler is not None and engine.scheduler.workspace is not None
+    assert engine.scheduler.workspace.cache.k.element_size() == 4 * cache.k.element_size()
     assert cache.k.float().abs().sum() > 0  # written through the rounding copy
     agree = (got == ref).float().mean().item()
     assert agree >= 0.5, agree  # rounding flips near-ties; the runs stay alike
     # first-token logits: the prompt's K/V are rounded to fp8, the difference is small
-    model, ws = fp8.slots.model, fp8.slots.workspace
-    full = engine.slots.model
+    model, ws = fp8.scheduler.model, fp8.scheduler.workspace
+    full = engine.scheduler.model
     row = torch.tensor([0])
     pos = (mask[:1].long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = ws.cos[pos], ws.sin[pos]
@@ -289,8 +279,9 @@ def test_fp8_kv_cache(engine: LocalEngine, tiny_model_dir: str) -> None:
         rounded = ref_cache.k.to(torch.float8_e4m3fn).float()
         assert torch.equal(fp8_cache.k.float(), rounded)  # the cache holds K rounded to fp8
     sampled = Sampling(max_new_tokens=8, temperature=1.0)
-    sargs = (ids, mask, member, pop, [8] * ids.shape[0], sampled)
+    sargs = (ids, mask, pop, sampled)
     runs = [
-        fp8.generate_slots(*sargs, torch.Generator().manual_seed(5), eos_ids=[]) for _ in range(2)
+        fp8.generate_ids(*sargs, torch.Generator().manual_seed(5), member=member, eos_ids=[])
+        for _ in range(2)
     ]
     assert torch.equal(runs[0], runs[1])

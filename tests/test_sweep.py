@@ -18,12 +18,12 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf, read_write
 from optuna.trial import TrialState
 
+from evolm.engine import pool
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.lora.layout import LoraPopulation
 from evolm.sampling import Sampling
-from evolm.server import pool
 from evolm.server.remote import RemoteEngine
 from evolm.sweep.callback import _finite, check_objectives, check_rank_cover, search_space
 from evolm.sweep.study import pareto, resume_seed

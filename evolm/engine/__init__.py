@@ -1,10 +1,15 @@
 """Engines that evaluate populations: the :class:`Engine` protocol and the in-process engine.
 
-- :mod:`evolm.engine.local`: ``server=local``, one model in this process;
+- :mod:`evolm.engine.base`: the :class:`Engine` protocol every engine implements;
+- :mod:`evolm.engine.local`: ``server=local``, one model in this process; its settings are
+  :class:`~evolm.engine.options.LocalOptions` (:mod:`evolm.engine.options`);
+- :mod:`evolm.engine.fast`: its fast path (scheduler, runner, workspace, memory plan; the
+  fused forward and CUDA graphs);
 - :mod:`evolm.engine.hf`: its eager path over the transformers modules (any architecture);
-- :mod:`evolm.engine.fast`: its fast path (fused projections, static KV cache, CUDA graphs);
+- :mod:`evolm.engine.sampler`: token choice, shared by both paths;
 - :mod:`evolm.engine.kernels`: the fast path's Triton kernels (the only package that needs
-  ``triton``).
+  ``triton``);
+- :mod:`evolm.engine.pool`: one persistent engine per process (a sweep's trials share it).
 
 Clients of persistent servers (SGLang, vLLM) live in :mod:`evolm.server`.
 """

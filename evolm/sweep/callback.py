@@ -214,7 +214,7 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from evolm.engine.local import LocalEngine
-        from evolm.server.pool import POOL
+        from evolm.engine.pool import POOL
 
         log.info(
             "engine pool: %d engine(s) started, reused by %d trial(s); LocalEngine.loads=%d",

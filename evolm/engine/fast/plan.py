@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from evolm.engine.fast.workspace import GREEDY_ROWS, MiB
 from evolm.errors import ConfigError
 
-GiB, MiB = 2**30, 2**20
-GREEDY_ROWS = 1024  # rows per greedy LM-head block (H100, 1.5B shape: 1.31 ms vs 1.78 at 256)
+GiB = 2**30
 MARGIN = 512 * MiB  # CUDA graphs' own memory, allocator fragmentation, cuBLAS workspaces
 SAMPLER_BYTES = 24  # per vocabulary entry and row when sampling: fp32 probs, sort, cumsum
 

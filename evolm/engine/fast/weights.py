@@ -7,11 +7,13 @@ from torch import Tensor, nn
 
 from evolm.engine.fast.fp8 import Fp8Weight
 from evolm.engine.fast.lora import GroupLora, RankActs, project
-from evolm.engine.hf.multilora import MultiLoraLinear
 
 
 def base_linear(module: nn.Module) -> nn.Linear:
-    return module.base if isinstance(module, MultiLoraLinear) else module  # type: ignore[return-value]
+    """The ``nn.Linear`` itself, or the one a wrapper holds as ``base`` (the HF path's
+    MultiLoraLinear, not imported: the fast path does not depend on the HF path)."""
+    base = getattr(module, "base", None)
+    return base if isinstance(base, nn.Linear) else module  # type: ignore[return-value]
 
 
 def unsupported_reason(model: nn.Module) -> str | None:

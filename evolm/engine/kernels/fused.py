@@ -23,7 +23,7 @@ from torch import Tensor
 from evolm.engine.kernels import TILE_ROWS, LoraOperand
 
 TUNE: dict[str, dict[str, int]] = {
-    # launch settings of the LoRA-fused kernels, from ``python -m evolm.bench.kernels`` on an
+    # launch settings of the LoRA-fused kernels, from ``python -m benchmarks.kernels`` on an
     # H200 (0.5B and 7B shapes, 30 x 32 rows, rank 4): at most ``rows`` rows per program (a
     # power of two dividing the rows per member), tile elements per program, warps, and 1 to
     # apply the rank products with ``tl.dot`` (on 16-row programs or more; else rank-1 FMAs).

@@ -1,13 +1,16 @@
-"""``python -m evolm.bench.tune``: the fast path's settings side by side, and where time goes.
+"""``python -m benchmarks.tune``: the fast path's settings side by side, and where time goes.
 
-    python -m evolm.bench.tune --shape qwen2.5-7b --variant pad=1,ops=eager --variant pad=8 \\
+    python -m benchmarks.tune --shape qwen2.5-7b --variant pad=1,ops=eager --variant pad=8 \\
         --profile --json out.json
 
 Builds the model once; for each variant (``pad`` = LoRA rank-column padding, ``ops`` =
-eager / compile / triton, ``bucket``, ``prefill`` = tokens per prefill chunk, ``sdpa`` =
-decode attention backend) times (a) evolm and (b) base on the workload (one warm-up, ``--reps``
-runs). ``--profile`` adds the top GPU kernels of one prefill and of 16 decode steps (graphs off:
-the same kernels, listed one by one), per call and per step.
+eager / compile / triton, ``prefill`` = tokens per prefill chunk, ``sdpa`` = decode attention
+backend) times (a) evolm and (b) base on the workload (one warm-up, ``--reps`` runs).
+``--profile`` adds the top GPU kernels of a prefill-only generation and of a whole one (graphs
+off: the same kernels, listed one by one).
+
+A kernel benchmark: it picks the fast forward's kernels (``ops``, ``sdpa``) on the engine's
+fast model; the rest goes through the engine's public API (:class:`Tuning` knobs).
 """
 
 from __future__ import annotations
@@ -15,29 +18,33 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from evolm.bench import methods as M
-from evolm.bench.shapes import SHAPES, build_model
-from evolm.engine.local import DTYPES, LocalEngine
+from benchmarks import methods as M
+from benchmarks.shapes import SHAPES, build_model
+from evolm.engine.local import LocalEngine
+from evolm.engine.options import DTYPES, Tuning
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 
-log = logging.getLogger("evolm.bench.tune")
+log = logging.getLogger("benchmarks.tune")
 
 
-def apply(engine: LocalEngine, variant: dict[str, str]) -> None:
-    fast = engine.fast
-    assert fast is not None
-    engine.lora_pad = int(variant.get("pad", 8))  # (triton ops: at least 16, a power of 2)
-    fast.model.set_ops(variant.get("ops", "triton"))
-    fast.model.decode_sdpa = variant.get("sdpa") or None
-    fast.bucket = int(variant.get("bucket", 32))
-    fast.prefill_tokens = int(variant["prefill"]) if "prefill" in variant else None
-    engine.reset_fast_path()
+def apply(engine: LocalEngine, variant: dict[str, str]) -> LocalEngine:
+    """An engine over the same model with ``variant``'s knobs; kernel choice (``ops``,
+    ``sdpa``) is set on the shared fast forward (this is a kernel benchmark)."""
+    engine.close()  # the previous variant's buffers first
+    pad = int(variant.get("pad", 8))  # (triton ops: at least 16, a power of 2)
+    prefill = int(variant["prefill"]) if "prefill" in variant else None
+    tuned = engine.with_options(tuning=Tuning(prefill_tokens=prefill, lora_pad=pad))
+    assert tuned.scheduler is not None
+    tuned.scheduler.model.set_ops(variant.get("ops", "triton"))
+    tuned.scheduler.model.decode_sdpa = variant.get("sdpa") or None
+    return tuned
 
 
 def kernels(prof: Any, per: int, top: int = 12) -> list[dict[str, Any]]:
@@ -48,35 +55,6 @@ def kernels(prof: Any, per: int, top: int = 12) -> list[dict[str, Any]]:
             rows.append({"name": evt.key[:80], "calls": evt.count / per, "us": t / per})
     rows.sort(key=lambda r: -r["us"])
     return rows[:top]
-
-
-def profile_phases(
-    engine: LocalEngine, rows: torch.Tensor, pop: LoraPopulation | None
-) -> dict[str, Any]:
-    """Top kernels of one prefill and of 16 decode steps (per step), graphs off; ``pop`` None:
-    the base model."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fast, steps = engine.fast, 16
-    assert fast is not None
-    lora = None if pop is None else engine.load_fast_lora(pop)
-    mask = torch.ones_like(rows)
-    graphs, fast.graphs = fast.graphs, False
-    try:
-        with torch.inference_mode():
-            ws = fast.start(rows, mask, lora, steps + 2)  # warm
-            with profile(activities=[ProfilerActivity.CUDA]) as pre:
-                ws = fast.start(rows, mask, lora, steps + 2)
-                torch.cuda.synchronize()
-            token = ws.logits.argmax(-1)
-            fast.advance(ws, token, 0, rows.shape[1], lora)
-            with profile(activities=[ProfilerActivity.CUDA]) as dec:
-                for t in range(1, steps + 1):
-                    fast.advance(ws, token, t, rows.shape[1], lora)
-                torch.cuda.synchronize()
-    finally:
-        fast.graphs = graphs
-    return {"prefill": kernels(pre, 1, 16), "decode_per_step": kernels(dec, steps, 16)}
 
 
 def profile_slots(
@@ -93,24 +71,23 @@ def profile_slots(
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
 
-    slots = engine.slots
-    assert slots is not None
     rows = ids.repeat(work.members, 1)
     mask = torch.ones_like(rows)
     out: dict[str, Any] = {}
     acts = [ProfilerActivity.CUDA if engine.device.type == "cuda" else ProfilerActivity.CPU]
-    graphs, slots.graphs = slots.graphs, False
+    engine.close()
+    eager = engine.with_options(tuning=replace(engine.tuning, cuda_graphs=False))
     try:
         for name, new in (("prefill", 1), ("whole", work.new_tokens)):
             sampling = Sampling(max_new_tokens=new)
-            engine.generate_ids(rows, mask, pop, sampling, eos_ids=[])  # warm
+            eager.generate_ids(rows, mask, pop, sampling, eos_ids=[])  # warm
             sync()
             with profile(activities=acts) as prof:
-                engine.generate_ids(rows, mask, pop, sampling, eos_ids=[])
+                eager.generate_ids(rows, mask, pop, sampling, eos_ids=[])
                 sync()
             out[name] = kernels(prof, 1, 24)
     finally:
-        slots.graphs = graphs
+        eager.close()
     if pop is not None:
         times = []
         for _ in range(5):
@@ -133,7 +110,7 @@ def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool)
     pop, book = M.sample_population(work, engine)
     out: dict[str, Any] = {"shape": work.shape, "bookkeeping": book, "variants": []}
     for variant in variants:
-        apply(engine, variant)
+        engine = apply(engine, variant)
         a = M.time_engine(engine, ids, pop, work, reps).as_dict()
         b = M.time_engine(engine, ids, None, work, reps).as_dict()
         row = {
@@ -151,13 +128,11 @@ def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool)
             a["peak_memory_bytes"] / 2**30,
         )
     if prof:
-        rows = ids.repeat(work.members, 1)
-        out["profile"] = profile_phases(engine, rows, pop)
-        out["profile_base"] = profile_phases(engine, rows, None)
         out["slots"] = profile_slots(engine, ids, pop, work)
         out["slots_base"] = profile_slots(engine, ids, None, work)
-        for key in ("profile", "profile_base"):
-            for phase, table in out[key].items():
+        for key in ("slots", "slots_base"):
+            for phase in ("prefill", "whole"):
+                table = out[key][phase]
                 lines = (f"  {r['us']:9.1f} us  {r['calls']:6.1f}x  {r['name']}" for r in table)
                 log.info("%s %s %s:\n%s", work.shape, key, phase, "\n".join(lines))
     return out
@@ -165,7 +140,7 @@ def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool)
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    p = argparse.ArgumentParser(prog="python -m evolm.bench.tune")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tune")
     p.add_argument("--shape", action="append", choices=sorted(SHAPES))
     p.add_argument("--variant", action="append", default=[], help="k=v,k=v (repeatable)")
     p.add_argument("--reps", type=int, default=1)

@@ -1,4 +1,4 @@
-"""Population-evaluation benchmark: ``python -m evolm.bench`` (see :mod:`evolm.bench.__main__`).
+"""Population-evaluation benchmark: ``python -m benchmarks`` (see :mod:`benchmarks.__main__`).
 
 Times one ES generation's evaluation (N members x P prompts, forced new tokens) with evolm's
 local engine, the base model on the same engine, the paper's perturb-in-place method, one HF

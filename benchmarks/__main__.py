@@ -1,11 +1,11 @@
-"""``python -m evolm.bench``: time one population evaluation per model shape, several ways.
+"""``python -m benchmarks``: time one population evaluation per model shape, several ways.
 
-    python -m evolm.bench                                   # tiny on CPU; 0.5B and 7B on a GPU
-    python -m evolm.bench --shape qwen2.5-7b --json out.json --markdown out.md
-    python -m evolm.bench --shape qwen2.5-0.5b --sglang-url http://127.0.0.1:30000 \\
+    python -m benchmarks                                   # tiny on CPU; 0.5B and 7B on a GPU
+    python -m benchmarks --shape qwen2.5-7b --json out.json --markdown out.md
+    python -m benchmarks --shape qwen2.5-0.5b --sglang-url http://127.0.0.1:30000 \\
         --sglang-model-path /tmp/m-0.5b                     # + evolm with server=sglang
-    python -m evolm.bench --shape qwen2.5-0.5b --save-model /tmp/m-0.5b   # a dir to serve
-    python -m evolm.bench --real --shape qwen2.5-1.5b --sglang-python /tmp/sgpy  # W-real
+    python -m benchmarks --shape qwen2.5-0.5b --save-model /tmp/m-0.5b   # a dir to serve
+    python -m benchmarks --real --shape qwen2.5-1.5b --sglang-python /tmp/sgpy  # W-real
 
 Imports neither Hydra nor evolm's config: it runs where only torch and transformers are.
 """
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
-from evolm.bench.methods import Workload
-from evolm.bench.report import markdown
-from evolm.bench.shapes import SHAPES, build_model, save_model
-from evolm.bench.suite import DEFAULT_METHODS, METHODS, run_workload
-from evolm.engine.local import DTYPES, resolve_device
+from benchmarks.methods import Workload
+from benchmarks.report import markdown
+from benchmarks.shapes import SHAPES, build_model, save_model
+from benchmarks.suite import DEFAULT_METHODS, METHODS, run_workload
+from evolm.engine.options import DTYPES, LocalOptions, Tuning
 
-log = logging.getLogger("evolm.bench")
-REAL = "continuous,continuous_fp8,waves,sglang,evolm_sglang"
+log = logging.getLogger("benchmarks")
+REAL = "continuous,continuous_fp8,sglang,evolm_sglang"
 REAL_OPT_IN = "continuous_w8,continuous_w8_fp8"  # fp8 GEMMs: named explicitly
 
 GPU_DEFAULTS = {"members": 30, "prompts": 32, "prompt_len": 64, "new_tokens": 128}
@@ -35,7 +35,7 @@ CPU_DEFAULTS = {"members": 4, "prompts": 4, "prompt_len": 16, "new_tokens": 8}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m evolm.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     p.add_argument("--shape", action="append", choices=sorted(SHAPES), help="repeatable")
     p.add_argument("--members", type=int, help="N (GPU default 30, CPU 4)")
     p.add_argument("--prompts", type=int, help="P (GPU default 32, CPU 4)")
@@ -50,17 +50,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--real", action="store_true", help="W-real: 30 x 200 rows, up to 1,024 new")
     p.add_argument("--regimes", default="variable,fixed", help="--real: fixed and/or variable")
     p.add_argument("--sglang-python", help="--real: python that runs sglang.launch_server")
-    p.add_argument("--wave-rows", type=int, default=2000, help="--real: rows per wave (waves)")
+    p.add_argument(
+        "--wave-rows", type=int, default=2000, help="--real: ignored (the waves path was removed)"
+    )
     p.add_argument("--reps", type=int, default=3, help="timed runs of (a), (b), (e)")
     p.add_argument("--baseline-members", type=int, default=3, help="members timed for (c), (d)")
     p.add_argument("--sglang-url", help="(e): an SGLang server serving --sglang-model-path")
     p.add_argument("--sglang-model-path", help="the model directory the server serves")
     p.add_argument("--save-model", help="write the (first) shape's random model here and exit")
     p.add_argument("--profile", action="store_true", help="top GPU kernels of one evolm run")
-    p.add_argument("--bucket", type=int, help="fast path: decode cache bucket (default 32)")
+    p.add_argument("--bucket", type=int, help="removed with the waves path (refused)")
     p.add_argument("--prefill-tokens", type=int, help="fast path: tokens per prefill chunk")
     p.add_argument("--no-graphs", action="store_true", help="fast path: no CUDA graphs")
-    p.add_argument("--batching", default="continuous", help="continuous or waves (older path)")
+    p.add_argument("--batching", default="continuous", help="continuous (waves: removed, refused)")
     p.add_argument("--json", help="write the records here")
     p.add_argument("--markdown", help="write the tables here")
     return p.parse_args(argv)
@@ -77,9 +79,14 @@ def workloads(args: argparse.Namespace, device: torch.device) -> list[Workload]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse(argv)
-    device = resolve_device(args.device)
+    if args.bucket is not None or args.batching != "continuous":
+        raise SystemExit(
+            "--bucket / --batching: the lock-step waves path was removed (continuous batching "
+            "replaced it); to time it, run the older tree's python -m evolm.bench"
+        )
+    device = LocalOptions(device=args.device).resolve_device()
     if args.real:
-        from evolm.bench import real
+        from benchmarks import real
 
         args.methods = args.methods or REAL
         return real.main(args, device)
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runner = None
     if args.sglang_url:
-        from evolm.bench.external import sglang_runner
+        from benchmarks.external import sglang_runner
 
         runner = sglang_runner(args.sglang_url, args.sglang_model_path or "")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -100,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {','.join(METHODS)}")
     records = []
     for work in works:
-        fast = {"bucket": args.bucket, "prefill_tokens": args.prefill_tokens}
-        fast = {k: v for k, v in fast.items() if v is not None}
-        if args.no_graphs:
-            fast["graphs"] = False
+        tuning = Tuning(
+            cuda_graphs=False if args.no_graphs else None, prefill_tokens=args.prefill_tokens
+        )
         records.append(
             run_workload(
                 work,
@@ -113,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.baseline_members,
                 runner,
                 args.profile,
-                fast,
-                args.batching,
+                tuning,
             )
         )
         if device.type == "cuda":

@@ -1,7 +1,7 @@
-"""``python -m evolm.bench.kernels``: time the LoRA-fused Triton kernels against their base
+"""``python -m benchmarks.kernels``: time the LoRA-fused Triton kernels against their base
 variants at one decode step's shapes, over launch settings (GPU only).
 
-    python -m evolm.bench.kernels --shape qwen2.5-0.5b --json kernels.json
+    python -m benchmarks.kernels --shape qwen2.5-0.5b --json kernels.json
 
 For each kernel (SiLU-and-multiply, RoPE + cache write, residual-add + RMSNorm) it times the base
 kernel and the LoRA-fused one under every setting of :data:`evolm.engine.kernels.fused.TUNE` in the
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from evolm.bench.shapes import SHAPES
+from benchmarks.shapes import SHAPES
 from evolm.engine.fast.lora import GroupLora, RankActs, operand
 from evolm.engine.kernels import tile_members
 
@@ -174,7 +174,7 @@ def run(shape: str, members: int, prompts: int, rank: int, grid: bool = True) ->
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    p = argparse.ArgumentParser(prog="python -m evolm.bench.kernels", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__)
     p.add_argument("--shape", action="append", choices=sorted(SHAPES))
     p.add_argument("--members", type=int, default=30)
     p.add_argument("--prompts", type=int, default=32)

@@ -1,4 +1,4 @@
-"""``python -m evolm.bench.slot_tune``: continuous batching's decode step, piece by piece (GPU).
+"""``python -m benchmarks.slot_tune``: continuous batching's decode step, piece by piece (GPU).
 
 Times the slot attention kernel over launch settings (block of positions, warps, stages) at
 W-real's shape (every slot busy, lengths spread over the whole cache) with its achieved KV
@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from evolm.bench.shapes import build_model
+from benchmarks.shapes import build_model
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
 from evolm.engine.kernels.attention import slot_attention
@@ -104,7 +104,7 @@ def step_profile(
     timed as a CUDA graph, and its kernels (eager, profiler) grouped by name."""
     from torch.profiler import ProfilerActivity, profile
 
-    from evolm.bench.tune import kernels
+    from benchmarks.tune import kernels
     from evolm.engine.fast.cudagraph import capture
     from evolm.engine.kernels import FP8
 
@@ -151,7 +151,7 @@ def step_profile(
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(prog="python -m evolm.bench.slot_tune")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.slot_tune")
     p.add_argument("what", nargs="?", default="attention", choices=["attention", "step"])
     p.add_argument("--shape", default="qwen2.5-1.5b")
     p.add_argument("--rows", type=int)

@@ -8,10 +8,15 @@
 - ``paper_fast``: the same, generating with evolm's engine (base model) instead of HF;
 - ``hf_lora``: one HF ``generate`` per member with that member's single LoRA;
 - ``external``: any :data:`Runner` (e.g. evolm's SGLang engine, see
-  :func:`evolm.bench.external.sglang_runner`) given the same prompts and population.
+  :func:`benchmarks.external.sglang_runner`) given the same prompts and population.
 
 The per-member baselines run ``k`` members and scale by ``N / k`` (every member's work is the
 same shape); the result records ``members_timed``.
+
+The engine's methods use its public API only. The reference baselines (``paper``, ``hf_lora``,
+:func:`hf_forced_logits`) run the HF modules themselves, so they use the HF path's adapter
+wrappers (:mod:`evolm.engine.hf.multilora`: ``detached``, ``load_population``) on the engine's
+``model`` and ``layers``, reading them, never setting engine fields.
 """
 
 from __future__ import annotations
@@ -120,7 +125,7 @@ def sample_population(
         "tell_s": warm_median(lambda: es.tell(state, es.ask(state), fitness)),
     }
     pop = LoraPopulation(layout, tuple(tensors))
-    if engine.fast is not None:
+    if engine.fast_path:
         book["engine_load_s"] = warm_median(lambda: engine.load_fast_lora(pop))
     return pop, book
 
@@ -241,6 +246,19 @@ def time_adapter_writes(pop: LoraPopulation, folder: str, base_model: str) -> fl
     for m in range(len(pop)):
         save_adapter(f"{folder}/m{m:03d}", pop.layout, pop.member(m), base_model)
     return time.perf_counter() - start
+
+
+def hf_forced_logits(
+    engine: LocalEngine, pop: LoraPopulation, full: Tensor, prompt_len: int
+) -> Tensor:
+    """The reference: the HF modules with ``pop``'s members in their MultiLoraLinear wrappers
+    (member-major rows), logits from the last prompt position on, fp32."""
+    load_population(engine.layers, pop, engine.device, engine.dtype)
+    try:
+        with torch.inference_mode():
+            return engine.model(input_ids=full).logits[:, prompt_len - 1 :].float()
+    finally:
+        load_population(engine.layers, None, engine.device, engine.dtype)
 
 
 def _hf_generate(model: Any, ids: Tensor, new_tokens: int) -> Tensor:

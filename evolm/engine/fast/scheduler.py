@@ -1,0 +1,289 @@
+"""Continuous batching: which rows run when. A scheduling change goes in this file.
+
+The :class:`Scheduler` owns the slots of a :class:`~.workspace.Workspace` (sized by the memory
+planner, :mod:`.plan`) and drives the :class:`~.runner.ModelRunner`, which runs one step at a
+time:
+
+- admission: queue the rows (largest budget first); while rows wait and enough slots are free
+  (a sixteenth of them, or nothing runs), prefill a batch of waiting rows into free slots
+  (chunked by a token budget). Prefill gives each row its first token;
+- decode ``check_every`` steps over the active slots: the batch is ``sel[:B]`` (batch row ->
+  slot), ``B`` the smallest bucket >= active rows (padding rows point at the scratch slot);
+  finished rows stop advancing;
+- refill: sync once per ``check_every`` steps; finished rows free their slots;
+- with adapters, prefills and decode batches keep their rows sorted by member, so the fused
+  kernels' row tiles mostly hold one member and read its second factors once.
+
+Its caps (``max_rows``: ``server.max_batch_rows``; ``utilization``:
+``server.gpu_memory_utilization``; the KV cache's dtype) are fixed at construction. On CUDA each
+``(bucket, adapters, greedy)`` step is captured once as a CUDA graph (the buckets are
+``S/16 .. S`` in sixteenths and powers of two below), so a shrinking batch stops paying for idle
+slots. On CPUs the same loop runs eagerly. Greedy tokens equal the HF path's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from evolm.engine.fast.cudagraph import PhaseTimer
+from evolm.engine.fast.lora import FastLora
+from evolm.engine.fast.model import FastModel
+from evolm.engine.fast.plan import Shape, SlotPlan, device_memory, plan_slots
+from evolm.engine.fast.runner import ModelRunner, Rows
+from evolm.engine.fast.workspace import (
+    CHECK_EVERY,
+    MIN_PREFILL_BYTES,
+    PREFILL_SHARE,
+    Workspace,
+    graph_key,
+)
+from evolm.sampling import Sampling
+
+log = logging.getLogger(__name__)
+
+
+def lora_cols(lora: FastLora | None) -> int:
+    """Rank columns of every member that the base GEMMs also produce (the widest group's)."""
+    return 0 if lora is None else max((g.spare for g in lora.groups.values()), default=0)
+
+
+class Scheduler:
+    """Continuous batching over a :class:`FastModel` (see the module docstring).
+
+    Args:
+        model: the fast forward.
+        max_rows: cap on concurrent rows (None: as many as fit).
+        utilization: share of the device's memory the engine may fill.
+        kv_dtype: the KV cache's dtype (None: the model's; ``torch.float8_e4m3fn``: half the
+            bytes of bf16, so twice the slots and half the attention reads, at fp8 precision).
+        name: the model's name in the planner's error.
+        graphs: capture decode steps as CUDA graphs (None: on CUDA devices).
+        prefill_tokens: tokens per prefill chunk (None: from a memory budget).
+        check_every: decode steps between host syncs (finished rows are retired then).
+    """
+
+    def __init__(
+        self,
+        model: FastModel,
+        max_rows: int | None = None,
+        utilization: float = 0.9,
+        kv_dtype: torch.dtype | None = None,
+        name: str = "the model",
+        graphs: bool | None = None,
+        prefill_tokens: int | None = None,
+        check_every: int = CHECK_EVERY,
+    ) -> None:
+        self.model, self.runner = model, ModelRunner(model, graphs)
+        self.device = model.embed.device
+        self.max_rows, self.utilization, self.kv_dtype = max_rows, utilization, kv_dtype
+        self.name, self.prefill_tokens, self.check_every = name, prefill_tokens, check_every
+        self.workspace: Workspace | None = None
+        self.plan: SlotPlan | None = None
+        self._greedy: bool | None = None  # the plan's sampling mode
+        self._rows = self._cols = 0  # rows and LoRA columns the current plan was made for
+        self._logged: set[str] = set()  # plans already logged at INFO
+        self.last_timings: dict[str, float] = {}
+
+    def reset(self) -> None:
+        """Drop the workspace (its cache and graphs): the next call plans again."""
+        self.workspace = self.plan = None
+
+    # -- planning ------------------------------------------------------------------------
+    def _per_token(self) -> int:
+        m = self.model
+        return (2 * m.inter + 4 * m.hidden + m.q_out + 2 * m.kv_out) * 3 * m.embed.element_size()
+
+    def _prefill_budget(self) -> int:
+        """Tokens per prefill chunk."""
+        if self.prefill_tokens is not None:
+            return self.prefill_tokens
+        total = 0
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+        limit = max(MIN_PREFILL_BYTES, int(PREFILL_SHARE * total))
+        return max(1, limit // self._per_token())
+
+    def shape(self, lora: FastLora | None) -> Shape:
+        m = self.model
+        return Shape(
+            layers=len(m.layers),
+            kv_heads=m.kv_heads,
+            head_dim=m.head_dim,
+            hidden=m.hidden,
+            inter=m.inter,
+            q_out=m.q_out,
+            vocab=m.lm_head.weight.shape[0],
+            itemsize=m.embed.element_size(),
+            weight_bytes=m.weight_bytes(),
+            lora_cols=lora_cols(lora),
+            name=self.name,
+            dtype=str(m.embed.dtype).removeprefix("torch."),
+            kv_itemsize=(self.kv_dtype or m.embed.dtype).itemsize,
+        )
+
+    def prepare(self, rows: int, positions: int, greedy: bool, lora: FastLora | None) -> Workspace:
+        """Plan the slots and allocate them, or reuse the workspace while it fits: as many
+        slots and positions or more, the same sampling mode and weights (a run's evaluations,
+        fewer rows than its generations, then keep the generations' workspace and graphs)."""
+        positions = -(-positions // 16) * 16
+        ws = self.workspace
+        if ws is not None and ws.key == graph_key(self.model) and self._greedy == greedy:
+            every_row = ws.slots >= rows and ws.positions >= positions
+            # fewer slots than its rows: memory or max_batch_rows capped it, as they would again
+            # (for no wider LoRA activations than it was planned with)
+            cols = lora_cols(lora)
+            capped = ws.slots < self._rows and ws.positions == positions and cols <= self._cols
+            if every_row or capped:
+                return ws
+        self.reset()  # free the old cache before measuring
+        prefill = self._prefill_budget() * self._per_token()
+        plan = plan_slots(
+            self.shape(lora),
+            rows,
+            positions,
+            greedy,
+            prefill,
+            self.utilization,
+            self.max_rows,
+            device_memory(self.device),
+        )
+        try:
+            ws = Workspace(self.model, plan.slots, positions, self.kv_dtype)
+        except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
+            raise RuntimeError(f"out of memory allocating {plan.describe()}: {e}") from e
+        self.workspace, self.plan, self._greedy = ws, plan, greedy
+        self._rows, self._cols = rows, lora_cols(lora)
+        text = plan.describe()  # each plan once at INFO (eval and train alternate plans)
+        log.log(
+            logging.DEBUG if text in self._logged else logging.INFO, "continuous batching: %s", text
+        )
+        self._logged.add(text)
+        return ws
+
+    # -- generation ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        member: Tensor | None,
+        lora: FastLora | None,
+        budgets: Sequence[int],
+        sampling: Sampling,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """New tokens ``[rows, max(budgets)]`` for left-padded rows ``input_ids [rows, L]``;
+        row ``i`` is member ``member[i]`` of ``lora`` (None: the base model) and stops after
+        ``budgets[i]`` tokens or an EOS (then ``pad_id``)."""
+        timer = PhaseTimer(self.device)
+        rows, length = input_ids.shape
+        if len(budgets) != rows or min(budgets) < 1:
+            raise ValueError("one budget >= 1 per row")
+        greedy = sampling.temperature == 0
+        widest = max(budgets)
+        ws = self.prepare(rows, length + widest, greedy, lora)
+        dev, runner = self.device, self.runner
+        members = (
+            torch.zeros(rows, dtype=torch.long, device=dev) if member is None else member.to(dev)
+        )
+        batch_rows = Rows(
+            ids=input_ids.to(dev),
+            mask=attention_mask.to(dev).bool(),
+            members=members,
+            budgets=torch.tensor(list(budgets), dtype=torch.long, device=dev),
+            sampling=sampling,
+            eos=torch.tensor(list(eos_ids), dtype=torch.long, device=dev),
+            out=torch.full((rows * widest + 1,), pad_id, dtype=torch.long, device=dev),
+            widest=widest,
+            generator=generator,
+        )
+        chunk = max(1, self._prefill_budget() // length)
+        order = sorted(range(rows), key=lambda r: -budgets[r])
+        queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
+        active: list[int] = []
+        member_of = members.tolist() if lora is not None else None  # sort by member
+        slot_member = [0] * ws.slots
+        refill = max(1, ws.slots // 16)
+        steps = prefills = batch = busy = padded = 0
+        spans: list[tuple[object, object]] = []  # (start, end) of each prefill: its time
+        while queue or active:
+            if queue and (not active or len(free) >= refill):
+                take = min(len(free), len(queue))
+                chosen = [queue.popleft() for _ in range(take)]
+                slots = [free.pop() for _ in range(take)]
+                if member_of is not None:
+                    chosen.sort(key=member_of.__getitem__)
+                    for row, slot in zip(chosen, slots, strict=True):
+                        slot_member[slot] = member_of[row]
+                begin = timer.now()
+                runner.prefill(ws, batch_rows, chosen, slots, lora, chunk)
+                spans.append((begin, timer.now()))
+                prefills += 1
+                active += slots
+                if member_of is not None:
+                    active.sort(key=slot_member.__getitem__)
+                    # the bucket's padding rows (the scratch slot) join the last member's tile
+                    ws.member[ws.slots] = slot_member[active[-1]]
+                batch = ws.set_batch(active)
+            for _ in range(self.check_every):
+                runner.step(ws, batch, lora, batch_rows)
+                steps += 1
+            busy, padded = busy + len(active) * self.check_every, padded + batch * self.check_every
+            done = ws.done[ws.sel[: len(active)]].tolist()
+            if any(done):
+                free += [s for s, d in zip(active, done, strict=True) if d]
+                active = [s for s, d in zip(active, done, strict=True) if not d]
+                batch = ws.set_batch(active) if active else 0
+        timer.mark("generate_s")
+        self.last_timings = timer.done()
+        self.last_timings.update(
+            steps=float(steps),
+            prefills=float(prefills),
+            prefill_s=sum(timer.between(a, b) for a, b in spans),
+            slots=ws.slots,
+            # per decode step: rows in the batch (counted at each sync: rows that finished
+            # since then count until they are retired), and the bucket's idle share beyond them
+            rows_per_step=busy / max(1, steps),
+            padding=1 - busy / max(1, padded),
+        )
+        return batch_rows.out[:-1].view(rows, widest)
+
+    @torch.inference_mode()
+    def forced_logits(
+        self, input_ids: Tensor, attention_mask: Tensor, lora: FastLora | None, forced: Tensor
+    ) -> Tensor:
+        """Logits ``[rows, T + 1, vocab]`` after the prompt and after each of the ``T`` tokens
+        of ``forced [rows, T]`` fed through the decode step (checks against a reference). Rows
+        are member-major: ``lora.members`` equal groups (None: the base model); every row needs
+        a slot of its own."""
+        rows, length = input_ids.shape
+        steps = forced.shape[1]
+        ws = self.prepare(rows, length + steps + 1, False, lora)
+        if ws.slots < rows:
+            raise ValueError(f"{rows} rows need as many slots, the plan has {ws.slots}")
+        dev = self.device
+        per = rows // (1 if lora is None else lora.members)
+        members = torch.arange(rows, device=dev) // per
+        ids, mask = input_ids.to(dev), attention_mask.to(dev).bool()
+        chunk = max(1, self._prefill_budget() // length)
+        firsts = []
+        for lo in range(0, rows, chunk):
+            r = torch.arange(lo, min(rows, lo + chunk), device=dev)
+            firsts.append(self.runner.prefill_chunk(ws, ids, mask, r, r, members, lora))
+        out = [torch.cat(firsts)]
+        ws.set_batch(list(range(rows)))
+        batch = rows
+        sel = ws.sel[:batch]
+        for t in range(steps):
+            ws.tok[sel] = forced[:, t].to(dev)
+            self.runner.forward(ws, batch, lora, greedy=False)
+            out.append(ws.logits[:rows].clone())
+            ws.lens[sel] += 1
+        return torch.stack(out, dim=1)

@@ -1,0 +1,99 @@
+"""The static buffers of the fast path's generation, and the one set of sizing constants.
+
+A :class:`Workspace` holds a fixed set of *slots*. Each slot holds one row's KV cache
+(``[layers, slots + 1, kv_heads, T, head_dim]``; the extra slot is scratch for the padding rows
+of a batch bucket) and its state: cache length ``lens`` (the next write position), ``start``
+(left padding of its prompt), ``member``, tokens generated ``gen``, its ``budget`` (the row's own
+max_new_tokens), ``row`` (its index in the caller's rows) and ``done`` (EOS or budget reached).
+``sel[:B]`` maps the rows of the current decode batch to slots.
+
+CUDA graphs bake in buffer addresses: :func:`graph_key` is the ONE key that says when a
+workspace (and its graphs) must be rebuilt: a replaced LM-head weight or bias, or reallocated
+(or quantized) projection weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from evolm.engine.fast.model import FastModel
+
+MiB = 2**20
+MIN_PREFILL_BYTES = 256 * MiB  # prefill transients: at least this, or ...
+PREFILL_SHARE = 0.04  # ... this share of the device memory
+GREEDY_ROWS = 1024  # rows per greedy LM-head block (H100, 1.5B shape: 1.31 ms vs 1.78 at 256)
+BUCKETS = 16  # graphs per (adapters, greedy): eighths padded the fp8 cache's 4,074 slots 6.8%
+CHECK_EVERY = 8  # decode steps between host syncs (finished rows are retired then)
+
+
+def graph_key(model: FastModel) -> tuple[int, int, int]:
+    """What the captured graphs depend on beyond the workspace's own buffers."""
+    bias = model.lm_head.bias
+    ptr = 0 if bias is None else bias.data_ptr()
+    return model.lm_head.weight.data_ptr(), ptr, model.weights_version
+
+
+def buckets(slots: int) -> list[int]:
+    """Batch sizes with a graph: sixteenths of ``slots`` and powers of two below them."""
+    out = {max(1, -(-slots * k // BUCKETS)) for k in range(1, BUCKETS + 1)}
+    p = 1
+    while p < slots / BUCKETS:
+        out.add(p)
+        p *= 2
+    return sorted(out)
+
+
+class Workspace:
+    """The static slot buffers (see the module docstring)."""
+
+    def __init__(
+        self, model: FastModel, slots: int, positions: int, kv_dtype: torch.dtype | None = None
+    ) -> None:
+        dev = model.embed.device
+        self.slots, self.positions, self.device = slots, positions, dev
+        self.cache = model.new_cache(slots + 1, positions, kv_dtype)
+        self.cos, self.sin = model.rope_tables(positions)
+
+        def z(dtype: torch.dtype = torch.long) -> Tensor:
+            return torch.zeros(slots + 1, dtype=dtype, device=dev)
+
+        self.lens, self.start, self.member = z(), z(), z()
+        self.gen, self.budget, self.row = z(), z(), z()
+        self.tok, self.done = z(), z(torch.bool)
+        self.done[slots] = True  # the scratch slot never advances
+        self.sel = torch.full((slots,), slots, dtype=torch.long, device=dev)
+        self.next = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.vocab, self.dtype = model.lm_head.weight.shape[0], model.embed.dtype
+        self.greedy_rows = min(slots, GREEDY_ROWS)
+        self._scratch: Tensor | None = None
+        self._logits: Tensor | None = None
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, object]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
+        self.key = graph_key(model)
+
+    @property
+    def scratch(self) -> Tensor:
+        """``[greedy_rows, vocab]``: greedy's logits, a block of rows at a time."""
+        if self._scratch is None:
+            shape = (self.greedy_rows, self.vocab)
+            self._scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return self._scratch
+
+    @property
+    def logits(self) -> Tensor:
+        """``[slots, vocab]`` logits for sampling (allocated at first use; greedy needs none)."""
+        if self._logits is None:
+            shape = (self.slots, self.vocab)
+            self._logits = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return self._logits
+
+    def set_batch(self, active: list[int]) -> int:
+        """Batch rows ``0..len(active)`` -> the active slots; the rest of the bucket (its size,
+        returned) -> the scratch slot."""
+        n = len(active)
+        size = next(b for b in buckets(self.slots) if b >= n)
+        sel = torch.full((size,), self.slots, dtype=torch.long)
+        sel[:n] = torch.tensor(active, dtype=torch.long)
+        self.sel[:size].copy_(sel, non_blocking=False)
+        return size

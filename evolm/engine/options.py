@@ -1,0 +1,181 @@
+"""The local engine's settings (``server=local``): a local-engine option goes in this file.
+
+:class:`LocalOptions` is frozen and checks itself once, at construction, before any model
+loads: each bad value is one :class:`ConfigError` naming its key (relative to ``server``) and the
+fix. A new option is a field here (with its check in ``__post_init__``), a keyword of
+:class:`~evolm.engine.local.LocalEngine` (its signature is the config schema) and a line in
+``conf/server/local.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from evolm.engine.kernels import FP8
+from evolm.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_CACHE_DTYPES = {"auto": None, "fp8": FP8}
+QUANTIZATIONS = (None, "fp8")
+FP8_OPTIONS = {  # key: (what it is, the fix)
+    "kv_cache_dtype": ("an fp8 KV cache", "set server.kv_cache_dtype=auto"),
+    "quantization": ("fp8 GEMMs (quantization=fp8)", "unset server.quantization"),
+}
+WAVES_REMOVED = (
+    "batching=waves (the lock-step path) was removed: continuous batching replaced it. "
+    "Measured on one H200 (docs/benchmarks.md, W-real), waves never won: a tie at fixed "
+    "lengths (69.7 vs 69.8 s) and 2.9x slower where lengths vary (72.9 vs 25.2 s)"
+)
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """The settings of :class:`~evolm.engine.local.LocalEngine` (``server.*``), checked at
+    construction.
+
+    Args:
+        device: ``auto`` (CUDA if available), ``cpu``, ``cuda``, ``cuda:1``...
+        dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``float32``, ``bfloat16``, ``float16``.
+        max_batch_rows: at most this many rows decode at once (``None``: as many as fit in
+            memory; the HF path: chunks of whole members of at most this many rows).
+        gpu_memory_utilization: share of the GPU's memory the engine may fill (weights,
+            adapters, KV cache, activations); the slot count follows from it.
+        batching: ``continuous`` (slots refilled as rows finish; the only value: the older
+            ``waves`` was removed, see :data:`evolm.engine.options.WAVES_REMOVED`).
+        kv_cache_dtype: ``auto`` (the model's dtype) or ``fp8`` (e4m3, GPUs of compute
+            capability >= 8.9 or CPUs): half the KV bytes of bf16, so about twice the slots and
+            half the attention reads. K/V are rounded to fp8 with no scale (about 4% relative
+            error per attention output on random data; values beyond +-448 saturate, and models
+            with large K values, e.g. Qwen2.x, lose more), so tokens differ from the ``auto``
+            cache's. Opt-in, for throughput.
+        quantization: ``null`` (the model's dtype) or ``fp8``: the projections' GEMMs in fp8
+            e4m3 (W8A8: one scale per weight output channel, one per token of the input; fast
+            path only, GPUs of compute capability >= 8.9 or CPUs). Hopper's fp8 GEMMs ran
+            1.4-1.5x faster than bf16 here, so the GEMM-bound shapes (7B, prefill) gain most.
+            The LoRA products, attention, norms and the LM head stay in the model's dtype, so the
+            members' perturbations are applied exactly; the base model's outputs are rounded
+            (~3.7% relative error per projection on random data) and tokens differ from the
+            unquantized model's. Opt-in, for throughput; see :mod:`evolm.engine.fast.fp8`.
+        threads: CPU threads for torch (``None``: torch's default). Small models on a busy
+            machine run faster, and steadier, on 1.
+        fast: use the fast path (``None``: where the architecture supports it; ``True``: raise
+            if it does not; ``False``: the HF path).
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_rows: int | None = None
+    threads: int | None = None
+    fast: bool | None = None
+    gpu_memory_utilization: float = 0.9
+    batching: str = "continuous"
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                "gpu_memory_utilization",
+                f"must be in (0, 1], got {self.gpu_memory_utilization}",
+                "use e.g. 0.9 (the share of the GPU's memory the engine may fill)",
+            )
+        if self.batching == "waves":
+            raise ConfigError(
+                "batching", WAVES_REMOVED, "drop server.batching (or set it to continuous)"
+            )
+        if self.batching != "continuous":
+            raise ConfigError(
+                "batching", f"unknown batching {self.batching!r}", "use continuous (the default)"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                "kv_cache_dtype",
+                f"unknown KV-cache dtype {self.kv_cache_dtype!r}",
+                "use auto (the model's dtype) or fp8 (half the KV bytes, fp8 precision)",
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                "quantization",
+                f"unknown quantization {self.quantization!r}",
+                "use null (the model's dtype) or fp8 (fp8 GEMMs for the projections, lossy)",
+            )
+        if self.max_batch_rows is not None and self.max_batch_rows < 1:
+            raise ConfigError(
+                "max_batch_rows",
+                f"must be >= 1, got {self.max_batch_rows}",
+                "use null for as many rows as fit in memory",
+            )
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(
+                "threads", f"must be >= 1, got {self.threads}", "null: torch's default"
+            )
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(
+                "dtype", f"unknown dtype {self.dtype!r}", f"choose auto or {list(DTYPES)}"
+            )
+        if self.fast is False:
+            self.check_fp8(None, None)
+
+    @property
+    def kv_dtype(self) -> torch.dtype | None:
+        """The KV cache's dtype (None: the model's)."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":  # the current CUDA device: cuda:LOCAL_RANK in a process group
+            if torch.cuda.is_available():
+                return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(
+                "device",
+                f"{self.device!r} asked for but CUDA is not available",
+                "use server.device=cpu or auto",
+            )
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    def check_fp8(self, reason: str | None, device: torch.device | None) -> None:
+        """The fp8 options need the fast path (``fast`` not False, the architecture supported:
+        ``reason`` None) and, on GPUs, compute capability >= 8.9 (Ada / Hopper; CPUs run fp8
+        too, slowly, for tests): one ConfigError naming the option otherwise."""
+        no_fast = "fast=false" if self.fast is False else f"the fast path does not support {reason}"
+        cuda = device is not None and device.type == "cuda"
+        cap = torch.cuda.get_device_capability(device) if cuda else None
+        for key, on in (
+            ("kv_cache_dtype", self.kv_dtype is not None),
+            ("quantization", self.quantization),
+        ):
+            if not on:
+                continue
+            what, fix = FP8_OPTIONS[key]
+            if self.fast is False or reason is not None:
+                raise ConfigError(key, f"{what} needs the fast path ({no_fast})", fix)
+            if cap is not None and cap < (8, 9):
+                raise ConfigError(
+                    key, f"{what} needs a GPU of compute capability >= 8.9, this one is {cap}", fix
+                )
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Knobs of the fast path for benchmarks and tests, not config keys (the defaults are what
+    users run): passed to :meth:`LocalEngine.from_model` / :meth:`LocalEngine.with_options`.
+
+    Args:
+        cuda_graphs: capture decode steps as CUDA graphs (None: on CUDA devices; False: eager,
+            so a profiler lists the kernels one by one).
+        prefill_tokens: tokens per prefill chunk (None: from a memory budget).
+        lora_pad: rank columns of a fused LoRA group padded to this (Triton ops: at least 16,
+            a power of 2).
+    """
+
+    cuda_graphs: bool | None = None
+    prefill_tokens: int | None = None
+    lora_pad: int = 8
