@@ -38,6 +38,7 @@ from evolm.es import ES, ESState
 from evolm.loop import Callback, ESLoop, RunContext, Stateful
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
+from evolm.model.spec import TinyModel
 from evolm.server import pool
 from evolm.task.base import Task
 from evolm.tracking.callbacks import AdapterWriter
@@ -135,8 +136,14 @@ def preflight(task: Task, group: str = "task") -> None:
 
 
 def resolve_model(spec: Any) -> str:
-    """The model's path (a hub model must be on disk or downloadable: else a ConfigError)."""
+    """The model's path (a hub model must be on disk or downloadable: else a ConfigError). A
+    tiny model with a countdown warm-up gets its data from the task package here:
+    ``evolm.model`` is a leaf that imports no task."""
     try:
+        if isinstance(spec, TinyModel) and spec.countdown_share:
+            from evolm.task.countdown_warmup import CountdownWarmup
+
+            return str(spec.resolve(warmup=CountdownWarmup()))
         return str(spec.resolve())
     except ConfigError as e:
         raise e.in_group("model") from None
