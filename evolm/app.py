@@ -23,6 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
 from evolm import agreement, dist, limits, trust
+from evolm.callbacks import Callback, RunContext, Stateful
+from evolm.callbacks.adapter import AdapterWriter
 from evolm.checkpoint import (
     CHECKPOINT_DIR,
     Checkpoint,
@@ -35,13 +37,12 @@ from evolm.compose_check import closest
 from evolm.config import Config
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
-from evolm.loop import Callback, ESLoop, RunContext, Stateful
+from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
 from evolm.model.spec import TinyModel
 from evolm.server import pool
 from evolm.task.base import Task
-from evolm.tracking.callbacks import AdapterWriter
 
 log = logging.getLogger(__name__)
 
