@@ -8,6 +8,7 @@ dir>`` it continues that run from its latest valid checkpoint (:mod:`evolm.check
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -257,6 +258,25 @@ class Parts:
         return {k: v for k, v in parts.items() if isinstance(v, Stateful)}
 
 
+def build_server(build: Builder, node: DictConfig) -> Any:
+    """The engine factory the ``server`` group names (completed with the model path and layout
+    once the model is resolved). A server client's connection keys (``server.url``,
+    ``server.retries``, ...: :data:`~evolm.server.options.OPTION_KEYS`) become one
+    :class:`~evolm.server.options.RemoteOptions`."""
+    if "launch_module" not in node:  # the in-process engine
+        return build("server", node)
+    from evolm.server.options import OPTION_KEYS, RemoteOptions
+
+    plain = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(plain, dict)
+    options = {k: plain.pop(k) for k in OPTION_KEYS if k in plain}
+    try:
+        remote = RemoteOptions(**options)
+    except ConfigError as e:
+        raise e.in_group("server") from None
+    return functools.partial(build("server", OmegaConf.create(plain)), options=remote)
+
+
 def build_parts(build: Builder, cfg: DictConfig) -> Parts:
     named = {f"callbacks.{k}": build(f"callbacks.{k}", c) for k, c in cfg.callbacks.items()}
     named |= {f"logger.{k}": build(f"logger.{k}", c) for k, c in cfg.logger.items()}
@@ -267,7 +287,7 @@ def build_parts(build: Builder, cfg: DictConfig) -> Parts:
         model_spec=build("model", cfg.model),
         lora_spec=build("lora", cfg.lora),
         strategy=build("es", cfg.es),
-        make_engine=build("server", cfg.server),
+        make_engine=build_server(build, cfg.server),
         callbacks=named,
         extra_evals=extra,
     )
