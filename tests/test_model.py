@@ -16,10 +16,11 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from evolm.app import resolve_model
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
 from evolm.model.gguf_weights import MODELS, locate
-from evolm.model.spec import CACHE_ENV, _build_atomically
+from evolm.model.spec import CACHE_ENV, _build_atomically, is_built
 from evolm.model.tiny import build_tiny_model
 from evolm.task import countdown_warmup
 from evolm.task.countdown_reward import paper_prompt
@@ -380,6 +381,14 @@ def test_model_cache_key_covers_the_warm_up_data(monkeypatch: pytest.MonkeyPatch
     after = spec.model_dir(CountdownWarmup())
     assert after != before and after.parent == before.parent
     assert spec.model_dir(CountdownWarmup()) == after
+
+
+def test_the_composition_root_passes_the_countdown_warm_up_data(tmp_path: Path) -> None:
+    """evolm.app builds a countdown tiny model with the task's warm-up data (evolm.model cannot
+    import it), into the directory that data's key names."""
+    spec = TinyModel(cache_dir=str(tmp_path), countdown_share=0.5, **QUICK)
+    assert resolve_model(spec) == str(spec.model_dir(CountdownWarmup()))
+    assert is_built(spec.model_dir(CountdownWarmup()))
 
 
 @pytest.mark.parametrize(
