@@ -29,15 +29,15 @@ def sglang_runner(url: str, model_path: str) -> Runner:
     engines: dict[str, Any] = {}
 
     def run(work: Workload, ids: Tensor, pop: LoraPopulation) -> dict[str, Any]:
-        from evolm.server.sglang import SGLangEngine  # lazily: a server stack, not a GPU one
+        from evolm.server.options import RemoteOptions  # lazily: a server stack, not a GPU one
+        from evolm.server.sglang import SGLangEngine
 
         engine = engines.get("e")
         if engine is None:
             engine = engines["e"] = SGLangEngine(
                 model_path,
                 pop.layout,
-                url=url,
-                self_test=False,
+                RemoteOptions("sglang.launch_server", url=url, self_test=False),
                 max_loras_per_batch=work.members + 1,
             )
         tok = engine.tokenizer

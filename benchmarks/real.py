@@ -272,13 +272,13 @@ def run_evolm_sglang(
     server: SGLangServer, model_dir: Path, pop: LoraPopulation, ids: torch.Tensor, max_new: int
 ) -> dict[str, Any]:
     """evolm's ``server=sglang`` engine for one generation: its overhead around /generate."""
+    from evolm.server.options import RemoteOptions
     from evolm.server.sglang import SGLangEngine
 
     engine = SGLangEngine(
         str(model_dir),
         pop.layout,
-        url=server.url,
-        self_test=False,
+        RemoteOptions("sglang.launch_server", url=server.url, self_test=False),
         max_loras_per_batch=len(pop) + 1,  # what server=sglang now defaults to
     )
     tok = engine.tokenizer

@@ -33,9 +33,10 @@ from typing import Any
 import torch
 
 from evolm import metrics as M
+from evolm.callbacks import Callback, GenerationRecord, Record, RunContext
 from evolm.engine.local import LocalEngine
 from evolm.es import ES, ESState
-from evolm.loop import Callback, ESLoop, Record, RunContext
+from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraSpec, uniform_scales
 from evolm.task.base import Task
 
@@ -77,8 +78,8 @@ class Deadline(Callback):
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self.start = time.perf_counter()
 
-    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
-        g = record[M.GENERATION]
+    def on_generation_end(self, ctx: RunContext, record: GenerationRecord, state: ESState) -> None:
+        g = record.generation
         over = time.perf_counter() - self.start > self.budget_s
         if self.loop is not None and over and g + 1 < self.loop.generations:
             log.info("time budget %.0f s reached at generation %d: one more", self.budget_s, g)
@@ -89,7 +90,8 @@ def run_setup(
     name: str, setup: Setup, engine: LocalEngine, args: argparse.Namespace, out: Path
 ) -> list[Record]:
     """One ES run of ``setup`` on ``engine``; returns its records."""
-    from evolm.tracking.callbacks import EvolutionPlot, ResultsWriter
+    from evolm.callbacks.plot import EvolutionPlot
+    from evolm.callbacks.results import ResultsWriter
 
     layout = engine.layout
     spec = LoraSpec(rank=args.rank, alpha=2.0 * args.rank)
@@ -102,8 +104,10 @@ def run_setup(
     records: list[Record] = []
 
     class Keep(Callback):
-        def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
-            records.append(dict(record))
+        def on_generation_end(
+            self, ctx: RunContext, record: GenerationRecord, state: ESState
+        ) -> None:
+            records.append(record.as_record())
 
     loop = ESLoop(
         strategy=strategy,

@@ -8,6 +8,7 @@ dir>`` it continues that run from its latest valid checkpoint (:mod:`evolm.check
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -23,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
 from evolm import agreement, dist, limits, trust
+from evolm.callbacks import Callback, RunContext, Stateful
+from evolm.callbacks.adapter import AdapterWriter
 from evolm.checkpoint import (
     CHECKPOINT_DIR,
     Checkpoint,
@@ -36,11 +39,11 @@ from evolm.config import Config
 from evolm.engine import pool
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
-from evolm.loop import Callback, ESLoop, RunContext, Stateful
+from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
+from evolm.model.spec import TinyModel
 from evolm.task.base import Task
-from evolm.tracking.callbacks import AdapterWriter
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +138,14 @@ def preflight(task: Task, group: str = "task") -> None:
 
 
 def resolve_model(spec: Any) -> str:
-    """The model's path (a hub model must be on disk or downloadable: else a ConfigError)."""
+    """The model's path (a hub model must be on disk or downloadable: else a ConfigError). A
+    tiny model with a countdown warm-up gets its data from the task package here:
+    ``evolm.model`` is a leaf that imports no task."""
     try:
+        if isinstance(spec, TinyModel) and spec.countdown_share:
+            from evolm.task.countdown_warmup import CountdownWarmup
+
+            return str(spec.resolve(warmup=CountdownWarmup()))
         return str(spec.resolve())
     except ConfigError as e:
         raise e.in_group("model") from None
@@ -249,12 +258,31 @@ class Parts:
         return {k: v for k, v in parts.items() if isinstance(v, Stateful)}
 
 
+def build_server(build: Builder, node: DictConfig) -> Any:
+    """The engine factory the ``server`` group names (completed with the model path and layout
+    once the model is resolved). A server client's connection keys (``server.url``,
+    ``server.retries``, ...: :data:`~evolm.server.options.OPTION_KEYS`) become one
+    :class:`~evolm.server.options.RemoteOptions`."""
+    if "launch_module" not in node:  # the in-process engine
+        return build("server", node)
+    from evolm.server.options import OPTION_KEYS, RemoteOptions
+
+    plain = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(plain, dict)
+    options = {k: plain.pop(k) for k in OPTION_KEYS if k in plain}
+    try:
+        remote = RemoteOptions(**options)
+    except ConfigError as e:
+        raise e.in_group("server") from None
+    return functools.partial(build("server", OmegaConf.create(plain)), options=remote)
+
+
 def build_parts(build: Builder, cfg: DictConfig) -> Parts:
     named = {f"callbacks.{k}": build(f"callbacks.{k}", c) for k, c in cfg.callbacks.items()}
     named |= {f"logger.{k}": build(f"logger.{k}", c) for k, c in cfg.logger.items()}
     task = build_task(build, "task", cfg.task)
     extra = {k: build_task(build, f"extra_evals.{k}", t) for k, t in cfg.extra_evals.items()}
-    make_engine = checked_engine(build("server", cfg.server))  # before the model is looked for
+    make_engine = checked_engine(build_server(build, cfg.server))  # before the model is looked for
     return Parts(
         task=task,
         model_spec=build("model", cfg.model),

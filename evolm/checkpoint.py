@@ -7,7 +7,7 @@
      "run": {"seed": 0, "es.population_size": 30, "lora.rank": 8, ...}}
 
 ``records`` are the run's records so far (what ``results.jsonl`` holds); ``state`` holds the
-``state_dict()`` of every task and callback that has one (:class:`~evolm.loop.Stateful`), under
+``state_dict()`` of every task and callback that has one (:class:`~evolm.callbacks.Stateful`), under
 its name. ``run`` is the config the run's course depends on (:func:`run_identity`): a resumed
 run whose config differs from it is refused (:func:`check_identity`), never continued as a mix
 of two runs. No RNG state is needed: a generation's population is a pure function of (run seed,
@@ -36,10 +36,8 @@ from typing import Any
 
 import torch
 
-from evolm.errors import ConfigError, RunAborted
+from evolm.errors import ConfigError
 from evolm.es import ESState
-from evolm.interrupt import interruption
-from evolm.loop import Callback, Record, RunContext
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +61,7 @@ class Checkpoint:
     path: Path
     generation: int
     es: dict[str, Any]
-    records: list[Record]
+    records: list[dict[str, Any]]
     state: dict[str, dict[str, Any]]
     run: dict[str, Any] = field(default_factory=dict)  # run_identity(); empty in old files
 
@@ -141,7 +139,7 @@ def check_identity(checkpoint: Checkpoint, identity: Mapping[str, Any]) -> None:
 def save_checkpoint(
     directory: Path,
     state: ESState,
-    records: list[Record],
+    records: list[dict[str, Any]],
     extra: dict[str, dict[str, Any]],
     run: Mapping[str, Any] | None = None,
 ) -> Path:
@@ -229,70 +227,3 @@ def prune(directory: Path, keep: int) -> None:
     for _, path in checkpoints(directory)[:-keep]:
         _digest_path(path).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
-
-
-class Checkpointer(Callback):
-    """Saves a checkpoint every ``every`` generations and at the last one, keeping the newest
-    ``keep``, in ``<run dir>/checkpoints/``. Resume with ``python -m evolm resume=<run dir>``.
-
-    A run stopped by SIGINT or SIGTERM (:mod:`evolm.interrupt`) also saves its last finished
-    generation, so its resume loses no finished work."""
-
-    def __init__(self, every: int = 10, keep: int = 2) -> None:
-        if every < 1:
-            raise ConfigError("every", f"must be >= 1, got {every}", "e.g. every=10")
-        if keep < 1:
-            raise ConfigError("keep", f"must be >= 1, got {keep}", "e.g. keep=2")
-        self.every = every
-        self.keep = keep
-        self.records: list[Record] = []
-        # the newest finished generation not yet saved: its state, the task and callback state
-        # and how many records it has
-        self.unsaved: tuple[ESState, dict[str, dict[str, Any]], int] | None = None
-
-    def on_run_start(self, ctx: RunContext, state: ESState) -> None:
-        self.records, self.unsaved = list(ctx.history), None
-
-    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
-        self.records.append(record)
-        g = state.generation
-        if g == 0:
-            return
-        extra = {name: obj.state_dict() for name, obj in ctx.stateful.items()}
-        self.unsaved = (state, extra, len(self.records))
-        if g % self.every == 0 or g == ctx.generations:
-            self.save(ctx, state, extra, len(self.records))
-
-    def on_run_error(self, ctx: RunContext, error: BaseException) -> None:
-        stop = interruption(error)
-        if stop is None or self.unsaved is None:
-            return
-        state, extra, count = self.unsaved
-        try:
-            path = self.save(ctx, state, extra, count)
-        except RunAborted as e:  # the disk is full: the interruption stays the error
-            log.error("%s", e)
-            return
-        log.info("%s: saved generation %d (%s)", stop.name, state.generation, path)
-
-    def save(
-        self, ctx: RunContext, state: ESState, extra: dict[str, dict[str, Any]], count: int
-    ) -> Path:
-        """Checkpoint ``state`` with ``extra`` and the first ``count`` records."""
-        g = state.generation
-        directory = Path(ctx.output_dir) / CHECKPOINT_DIR
-        try:
-            run = run_identity(ctx.config)
-            path = save_checkpoint(directory, state, self.records[:count], extra, run)
-        except OSError as e:  # e.g. ENOSPC: the partial files are removed
-            found = checkpoints(directory)
-            last = f"the last good one, {found[-1][1]}, is kept" if found else "none exists"
-            raise RunAborted(
-                f"could not write the checkpoint of generation {g} in {directory} ({e}); "
-                f"its partial file was removed and {last}. Fix: free disk space, then "
-                f"python -m evolm resume={ctx.output_dir}"
-            ) from e
-        self.unsaved = None
-        prune(directory, self.keep)
-        log.debug("checkpoint %s", path)
-        return path

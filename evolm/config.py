@@ -14,7 +14,9 @@ choices a user picks, so they are left out of a group's listing (``--help``).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -60,9 +62,31 @@ def schema(cls: type, runtime: bool = False) -> Any:
     :data:`RUNTIME_ARGS` the composition root completes."""
     from hydra_zen import builds
 
-    if runtime:
+    if not runtime:
+        return builds(cls, populate_full_signature=True)
+    if "options" not in inspect.signature(cls).parameters:
         return builds(cls, populate_full_signature=True, zen_partial=True, zen_exclude=RUNTIME_ARGS)
-    return builds(cls, populate_full_signature=True)
+    # a server client: its RemoteOptions' fields are flat server.* keys (evolm.app.build_server)
+    from evolm.server.options import RemoteOptions
+
+    own = builds(
+        cls, populate_full_signature=True, zen_partial=True, zen_exclude=(*RUNTIME_ARGS, "options")
+    )
+    flat = [
+        (f.name, f.type, _field_default(f))
+        for f in dataclasses.fields(builds(RemoteOptions, populate_full_signature=True))
+        if f.name != "_target_"
+    ]
+    return dataclasses.make_dataclass(own.__name__, flat, bases=(own,))
+
+
+def _field_default(f: dataclasses.Field[Any]) -> Any:
+    """``f``'s default as a field of a derived dataclass (a required one: OmegaConf's MISSING)."""
+    if f.default is not dataclasses.MISSING:
+        return dataclasses.field(default=f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=f.default_factory)
+    return dataclasses.field(default=MISSING)
 
 
 class SchemaGroup(dict[str, Any]):

@@ -1,7 +1,9 @@
 """The ES loop: ask -> build member adapters -> evaluate all at once -> shape -> tell.
 
 Reads no config and writes no files: everything observable goes through callbacks
-(:class:`Callback`), so logging and checkpointing plug in without touching the loop.
+(:class:`evolm.callbacks.Callback`, each generation's typed
+:class:`~evolm.callbacks.GenerationRecord`), so logging and checkpointing plug in without
+touching the loop.
 """
 
 from __future__ import annotations
@@ -10,146 +12,22 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field, replace
 
 from evolm import metrics as M
+from evolm.callbacks.base import Callback, RunContext, Sample, latest_eval
+from evolm.callbacks.record import GenerationRecord, Record
 from evolm.diagnostics import pair_agreement
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
-from evolm.es import ES, ESState, Population, TellStats
+from evolm.es import ES, ESState, Population
 from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.norms import delta_norm
 from evolm.task.base import Task
 
 log = logging.getLogger(__name__)
-
-Record = dict[str, Any]
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    """A task or callback whose state a checkpoint carries (builtins and tensors only)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class RunContext:
-    """What callbacks may know about the run.
-
-    ``history`` holds the records of the generations done before this start (a resumed run's,
-    from its checkpoint; empty for a fresh run). ``stateful`` names the task and callbacks whose
-    ``state_dict()`` a checkpoint carries (``"task"``, ``"callbacks.<name>"``, ``"logger.<name>"``).
-    ``tags`` are run-level labels that callbacks set (the health monitor's ``evolm.health``) for
-    trackers to record.
-    """
-
-    output_dir: Path
-    generations: int
-    layout: LoraLayout
-    base_model: str
-    config: dict[str, Any] = field(default_factory=dict)
-    history: list[Record] = field(default_factory=list)
-    stateful: dict[str, Stateful] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)  # set by callbacks; trackers copy them
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One eval prompt (as the model saw it), the mean's completion and its scores."""
-
-    prompt: str
-    completion: str
-    scores: dict[str, float]
-
-
-class Callback:
-    """Hooks called by :class:`ESLoop`; override what you need. ``record`` is one JSON line:
-    ``generation`` plus namespaced metrics (``train/``, ``eval/``, ``es/``, ``time/``).
-
-    A resumed run calls ``on_run_start`` with the checkpoint's state and ``ctx.history``; the
-    records of those generations are not emitted again. ``on_run_error`` is called instead of
-    the rest when the run raises (including KeyboardInterrupt), before the error propagates.
-    """
-
-    every_rank: bool = False
-    """In a distributed run (:mod:`evolm.dist`) callbacks run on rank 0 alone (they write);
-    True runs this one on every rank: one whose decision must be the same everywhere (the
-    health monitor's abort), fed with the same records on every rank."""
-
-    def on_run_start(self, ctx: RunContext, state: ESState) -> None: ...
-
-    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None: ...
-
-    def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None: ...
-
-    def on_run_error(self, ctx: RunContext, error: BaseException) -> None: ...
-
-    def on_eval(self, ctx: RunContext, generation: int, samples: Sequence[Sample]) -> None:
-        """After each evaluation of the mean (before that generation's record is emitted):
-        the eval prompts this process generated (all, in one process), in order."""
-
-
-def latest_eval(history: Sequence[Record]) -> Record:
-    """The eval metrics (``eval/*``, ``time/eval_s``) of the last record that has them."""
-    for record in reversed(history):
-        found = {k: v for k, v in record.items() if M.is_eval(k)}
-        if found:
-            return found
-    return {}
-
-
-@dataclass(frozen=True)
-class GenerationRecord:
-    """One generation, typed: what ``ES.tell`` reported, the task's scores and the timings.
-
-    :meth:`as_record` flattens it into the record callbacks receive (names: :mod:`evolm.metrics`).
-    """
-
-    generation: int
-    es: TellStats
-    scores: Mapping[str, float]  # mean of every task score over all completions
-    task_stats: Mapping[str, float]  # what the task's after_generation hook returned
-    generate_s: float
-    score_s: float
-    es_s: float
-    generation_s: float
-    engine_timings: Mapping[str, float] = field(default_factory=dict)
-    comm_s: float | None = None  # distributed runs: all-gather + mean check (None: one process)
-    diagnostics: Mapping[str, float] = field(default_factory=dict)  # evolm.diagnostics
-    weight_change: Mapping[str, float] = field(default_factory=dict)  # es/update_rel, mean_rel
-
-    def as_record(self) -> Record:
-        es = self.es
-        return {
-            M.GENERATION: self.generation,
-            M.FITNESS_MEAN: es.fitness_mean,
-            M.FITNESS_STD: es.fitness_std,
-            M.FITNESS_MIN: es.fitness_min,
-            M.FITNESS_MAX: es.fitness_max,
-            M.FITNESS_P20: es.fitness_p20,
-            M.FITNESS_P80: es.fitness_p80,
-            M.FITNESS_NONFINITE: es.fitness_nonfinite,
-            # a member's fitness is its mean reward: train/reward_mean would repeat fitness_mean
-            **{M.train_score(k): v for k, v in self.scores.items() if k != "reward"},
-            **{M.task_stat(k): v for k, v in self.task_stats.items()},
-            **{M.train_diagnostic(k): v for k, v in self.diagnostics.items()},
-            M.UPDATE_NORM: es.update_norm,
-            M.MEAN_NORM: es.mean_norm,
-            **self.weight_change,
-            M.GENERATE_S: self.generate_s,
-            M.SCORE_S: self.score_s,
-            **{M.engine_time(k): v for k, v in self.engine_timings.items()},
-            M.ES_S: self.es_s,
-            M.GENERATION_S: self.generation_s,
-            **({} if self.comm_s is None else {M.COMM_S: self.comm_s}),
-        }
 
 
 def generation_diagnostics(ev: Evaluation, pop: Population) -> dict[str, float]:
@@ -222,7 +100,7 @@ class ESLoop:
         total = delta_norm(self.layout, after.mean, None)
         return {M.UPDATE_REL: step / self.base_norm, M.MEAN_REL: total / self.base_norm}
 
-    def step(self, state: ESState) -> tuple[ESState, Record]:
+    def step(self, state: ESState) -> tuple[ESState, GenerationRecord]:
         """One generation: returns the new state and its record (without eval metrics)."""
         start = time.perf_counter()
         generation, before = state.generation + 1, state
@@ -254,7 +132,7 @@ class ESLoop:
             diagnostics=generation_diagnostics(ev, pop),
             weight_change=self.weight_change(before, state),
         )
-        return state, record.as_record()
+        return state, record
 
     def run(self, state: ESState, ctx: RunContext) -> tuple[ESState, Record]:
         """Run from ``state.generation`` to ``self.generations``; returns the final state and
@@ -277,13 +155,13 @@ class ESLoop:
         if state.generation == 0:
             last_eval = self._evaluate(ctx, state)
             data = {M.data_stat(k): v for k, v in self.task.data_stats().items()}
-            self._emit(ctx, {M.GENERATION: 0, **last_eval, **data}, state)
+            self._emit(ctx, GenerationRecord(generation=0, eval=last_eval, data=data), state)
         while state.generation < self.generations:
             state, record = self.step(state)
             g = state.generation
             if g % self.eval_every == 0 or g == self.generations:
                 last_eval = self._evaluate(ctx, state)
-                record.update(last_eval)
+                record = replace(record, eval=last_eval)
             self._emit(ctx, record, state)
         return state, {M.GENERATION: state.generation, **last_eval}
 
@@ -294,6 +172,6 @@ class ESLoop:
             cb.on_eval(ctx, state.generation, samples)
         return record
 
-    def _emit(self, ctx: RunContext, record: Record, state: ESState) -> None:
+    def _emit(self, ctx: RunContext, record: GenerationRecord, state: ESState) -> None:
         for cb in self.callbacks:
             cb.on_generation_end(ctx, record, state)

@@ -32,6 +32,19 @@ BUILTIN = (*DEFAULT, "optuna.samplers.*", "hydra_plugins.hydra_optuna_sweeper.*"
 """Always trusted: evolm, and the Optuna samplers its sweeps' config names."""
 KEY = "trusted_targets"
 
+MOVED = {
+    "evolm.tracking.callbacks.ProgressBar": "evolm.callbacks.progress.ProgressBar",
+    "evolm.tracking.callbacks.ResultsWriter": "evolm.callbacks.results.ResultsWriter",
+    "evolm.tracking.callbacks.EvolutionPlot": "evolm.callbacks.plot.EvolutionPlot",
+    "evolm.tracking.callbacks.AdapterWriter": "evolm.callbacks.adapter.AdapterWriter",
+    "evolm.tracking.samples.SampleWriter": "evolm.callbacks.samples.SampleWriter",
+    "evolm.tracking.health.LearningMonitor": "evolm.callbacks.health.LearningMonitor",
+    "evolm.tracking.mlflow.MLflowLogger": "evolm.callbacks.mlflow.MLflowLogger",
+    "evolm.checkpoint.Checkpointer": "evolm.callbacks.checkpoint.Checkpointer",
+}
+"""``_target_`` s that moved (the callbacks to :mod:`evolm.callbacks`): a config naming the old
+path is refused with the new one (a resumed run's ``config.yaml`` of an older evolm too)."""
+
 
 def is_trusted(target: str, trusted: Sequence[str]) -> bool:
     """Whether ``target`` (``pkg.mod.Name``) matches an entry (``pkg.*`` or an exact name)."""
@@ -165,6 +178,13 @@ def check_config_targets(cfg: DictConfig | dict, trusted: Sequence[str], source:
     ``config.yaml``)."""
     plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
     for key, target in targets(plain):
+        if target in MOVED:
+            raise ConfigError(
+                key,
+                f"{target!r} (from {source}) moved to {MOVED[target]!r}",
+                f"write '_target_: {MOVED[target]}' instead (in {source}, or on the command "
+                f"line: '{key}={MOVED[target]}')",
+            )
         if not is_trusted(target, trusted):
             raise ConfigError(
                 key,

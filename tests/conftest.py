@@ -47,8 +47,9 @@ COUNTDOWN_TINY = {
 @pytest.fixture(scope="session")
 def countdown_model_dir(evolm_cache: Path) -> str:
     from evolm.model import TinyModel
+    from evolm.task.countdown_warmup import CountdownWarmup
 
-    return TinyModel(**COUNTDOWN_TINY).resolve()
+    return TinyModel(**COUNTDOWN_TINY).resolve(warmup=CountdownWarmup())
 
 
 @pytest.fixture(scope="session")

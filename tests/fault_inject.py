@@ -41,11 +41,12 @@ def counter(n: int) -> Callable[[], bool]:
 
 
 def install(point: str, n: int) -> None:
+    import evolm.callbacks.mlflow as mlf
+    import evolm.callbacks.plot as cbplot
+    import evolm.callbacks.results as cbs
     import evolm.checkpoint as ck
     import evolm.files as files
     import evolm.lora.peft_io as peft_io
-    import evolm.tracking.callbacks as cbs
-    import evolm.tracking.mlflow as mlf
     from evolm.es import ES
     from evolm.loop import ESLoop
 
@@ -118,7 +119,7 @@ def install(point: str, n: int) -> None:
     elif point == "results":  # results.jsonl's last line half written
 
         def append(self: Any, ctx: Any, record: Any, state: Any) -> None:
-            line = cbs.json_line(record)
+            line = cbs.json_line(record.as_record())
             if hit():
                 with open(Path(ctx.output_dir) / self.filename, "a") as f:
                     f.write(line[: len(line) // 2])
@@ -134,7 +135,7 @@ def install(point: str, n: int) -> None:
     elif point == "mlflow":  # while a generation's metrics go to MLflow
         wrap(mlf, "_log_metrics", lambda *a, **k: die() if hit() else None)
     elif point == "plot":  # while the figure is drawn
-        wrap(cbs, "plot_evolution", lambda *a, **k: die() if hit() else None)
+        wrap(cbplot, "plot_evolution", lambda *a, **k: die() if hit() else None)
     else:
         raise SystemExit(f"unknown fault point {point!r}")
 

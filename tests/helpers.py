@@ -14,6 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the schemas)
+from evolm.callbacks import GenerationRecord
+from evolm.es import TellStats
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = str(REPO / "conf")
@@ -63,3 +65,27 @@ def env_without(tmp_path: Path, *modules: str) -> dict[str, str]:
     lines = ["import sys", *(f"sys.modules[{m!r}] = None" for m in modules)]
     (hide / "sitecustomize.py").write_text("\n".join(lines) + "\n")
     return {"PYTHONPATH": f"{hide}:{REPO}"}
+
+
+def generation_record(
+    generation: int,
+    fitness_mean: float = 0.0,
+    fitness_std: float = 0.0,
+    update_norm: float = 0.1,
+    diagnostics: dict[str, float] | None = None,
+    nonfinite: int = 0,
+) -> GenerationRecord:
+    """The typed record a callback gets after a generation (fitness summaries all
+    ``fitness_mean``: a callback reads the mean and std), as :class:`evolm.loop.ESLoop` emits."""
+    es = TellStats(
+        fitness_mean=fitness_mean,
+        fitness_std=fitness_std,
+        fitness_min=fitness_mean,
+        fitness_max=fitness_mean,
+        fitness_p20=fitness_mean,
+        fitness_p80=fitness_mean,
+        fitness_nonfinite=nonfinite,
+        update_norm=update_norm,
+        mean_norm=1.0,
+    )
+    return GenerationRecord(generation, es, diagnostics=diagnostics or {})

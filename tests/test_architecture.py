@@ -51,6 +51,22 @@ def test_no_import_cycles(graph: grimp.ImportGraph) -> None:
     )
 
 
+def evolm_imports(graph: grimp.ImportGraph, package: str) -> set[str]:
+    """The evolm modules ``package`` imports (outside itself; the package root ``evolm``, which
+    holds only the version, aside)."""
+    return {m for m in imported_by(graph, package) if m.startswith("evolm.")}
+
+
+def edges(graph: grimp.ImportGraph, source: str, target: str) -> set[tuple[str, str]]:
+    """Direct imports ``(importer, imported)`` from ``source`` (and below) into ``target``."""
+    return {
+        (a, b)
+        for a in within(graph, source)
+        for b in graph.find_modules_directly_imported_by(a)
+        if b in within(graph, target)
+    }
+
+
 def test_es_core_imports_only_torch_and_errors(graph: grimp.ImportGraph) -> None:
     """The ES core is pure torch: no I/O libraries, nothing else of evolm."""
     allowed = {"torch", "evolm.errors"}
@@ -58,26 +74,149 @@ def test_es_core_imports_only_torch_and_errors(graph: grimp.ImportGraph) -> None
     assert not extra, f"evolm.es imports {sorted(extra)}"
 
 
+def test_only_dist_imports_torch_distributed(graph: grimp.ImportGraph) -> None:
+    """grimp names external packages by their top level (``torch``): the import lines say
+    which of them reach ``torch.distributed``."""
+    users = {
+        module
+        for module in graph.find_modules_that_directly_import("torch")
+        for detail in graph.get_import_details(importer=module, imported="torch")
+        if "torch.distributed" in detail["line_contents"]
+    }
+    assert users <= {"evolm.dist"}, f"only evolm.dist may import torch.distributed: {users}"
+
+
 @pytest.mark.parametrize(
     ("source", "forbidden"),
     [
         ("evolm.engine", "evolm.task"),  # engines know sampling settings, never a task
         ("evolm.server", "evolm.task"),
-        ("evolm.task", "evolm.server"),  # tasks are leaves: no engine, no server
+        ("evolm.task", "evolm.server"),  # tasks: no engine, no server
         ("evolm.task", "evolm.engine"),
         ("evolm.lora", "evolm.engine"),
         ("evolm.model", "evolm.engine"),
         ("evolm.engine.fast", "evolm.engine.hf"),  # the fast path samples with engine.sampler
+        ("evolm.engine", "evolm.server"),  # the in-process engine knows no server client
+        ("evolm.callbacks", "evolm.engine"),  # callbacks see records, not what made them
+        ("evolm.callbacks", "evolm.server"),
+        ("evolm.callbacks", "evolm.task"),
+        ("evolm.callbacks", "evolm.loop"),
+        ("evolm.tracking", "evolm.callbacks"),  # storage knows no callback
+        ("evolm.checkpoint", "evolm.callbacks"),
     ],
 )
 def test_forbidden_edges(graph: grimp.ImportGraph, source: str, forbidden: str) -> None:
-    edges = {
-        (a, b)
-        for a in within(graph, source)
-        for b in graph.find_modules_directly_imported_by(a)
-        if b in within(graph, forbidden)
+    found = edges(graph, source, forbidden)
+    assert not found, f"{source} must not import {forbidden}: {sorted(found)}"
+
+
+def test_the_fast_path_imports_no_hf_path(graph: grimp.ImportGraph) -> None:
+    found = edges(graph, "evolm.engine.fast", "evolm.engine.hf")
+    assert not found, f"evolm.engine.fast must not import evolm.engine.hf: {sorted(found)}"
+
+
+def test_the_hf_path_imports_no_fast_path(graph: grimp.ImportGraph) -> None:
+    found = edges(graph, "evolm.engine.hf", "evolm.engine.fast")
+    assert not found, f"evolm.engine.hf must not import evolm.engine.fast: {sorted(found)}"
+
+
+LEAVES = {
+    "evolm.lora": {"evolm.errors", "evolm.files"},
+    "evolm.model": {"evolm.errors", "evolm.files"},  # the countdown warm-up data comes from above
+    "evolm.sampling": {"evolm.errors"},
+    "evolm.trust": {"evolm.errors"},
+    "evolm.metrics": set(),
+    "evolm.errors": set(),
+    "evolm.files": set(),
+    "evolm.interrupt": set(),
+    "evolm.dist": set(),
+}
+
+
+@pytest.mark.parametrize(("leaf", "allowed"), sorted(LEAVES.items()))
+def test_leaves_import_only_the_basics(
+    graph: grimp.ImportGraph, leaf: str, allowed: set[str]
+) -> None:
+    extra = evolm_imports(graph, leaf) - allowed
+    assert not extra, f"{leaf} is a leaf: it may import {sorted(allowed)} of evolm, not {extra}"
+
+
+def test_only_evaluate_and_its_callers_know_an_engine_and_a_task(
+    graph: grimp.ImportGraph,
+) -> None:
+    """An engine meets a task in evolm.evaluate; the loop, the memory/context checks (limits)
+    and the composition root hold both only to pass them on."""
+    engine = within(graph, "evolm.engine") | within(graph, "evolm.server")
+    task = within(graph, "evolm.task")
+    both = {
+        m
+        for m in within(graph, "evolm")
+        if graph.find_modules_directly_imported_by(m) & engine
+        and graph.find_modules_directly_imported_by(m) & task
+        and not m.startswith(("evolm.engine", "evolm.server", "evolm.task"))
     }
-    assert not edges, f"{source} must not import {forbidden}: {sorted(edges)}"
+    assert both <= {"evolm.evaluate", "evolm.loop", "evolm.limits", "evolm.app"}, sorted(both)
+
+
+CONFIG_READERS = (
+    "evolm.app",  # the composition root: the only code that reads the job's config
+    "evolm.__main__",
+    "evolm.config",  # the schemas and resolvers Hydra composes with
+    "evolm.compose_check",  # the command line, checked before Hydra runs
+    "evolm.trust",  # the _target_s a config may name
+    "evolm.rundir",  # a Hydra callback: the run directory
+    "evolm.sweep",  # Hydra callbacks and resolvers of sweeps
+    "evolm.engine.pool",  # asks Hydra whether the job is one of a multirun (engines shared)
+)
+
+
+def test_only_the_composition_root_reads_the_config(graph: grimp.ImportGraph) -> None:
+    """The parts a run is built from (es, lora, model, task, engines, servers' clients, loop,
+    evaluate, callbacks, tracking, checkpoint) get plain arguments: they import neither
+    evolm.config nor a config library; only evolm.app (and __main__) imports evolm.config."""
+    readers = set()
+    for library in ("omegaconf", "hydra", "hydra_zen", "evolm.config"):
+        readers |= graph.find_modules_that_directly_import(library)
+    outside = {
+        m for m in readers if not any(m == r or m.startswith(r + ".") for r in CONFIG_READERS)
+    }
+    assert not outside, f"only the composition root reads the config: {sorted(outside)}"
+    assert graph.find_modules_that_directly_import("evolm.config") <= {
+        "evolm.app",
+        "evolm.__main__",
+    }
+
+
+def test_nothing_points_up(graph: grimp.ImportGraph) -> None:
+    """The composition root is imported by the CLI alone, the loop by the root alone,
+    evaluate by the loop alone."""
+    importers = {
+        name: {
+            m for part in within(graph, name) for m in graph.find_modules_that_directly_import(part)
+        }
+        - within(graph, name)
+        for name in ("evolm.app", "evolm.loop", "evolm.evaluate", "evolm.sweep")
+    }
+    assert importers == {
+        "evolm.app": {"evolm.__main__"},
+        "evolm.loop": {"evolm.app"},
+        "evolm.evaluate": {"evolm.loop"},
+        "evolm.sweep": {"evolm.__main__"},
+    }
+
+
+def test_optional_hooks_have_no_op_defaults() -> None:
+    """Optional hooks live on the protocols with defaults, so an engine or task may skip them."""
+    from evolm.engine.base import Engine
+    from evolm.task.base import Task
+
+    for cls, hooks in (
+        (Engine, ("last_timings", "use_layout", "kl_to_base")),
+        (Task, ("after_generation",)),
+    ):
+        abstract = getattr(cls, "__abstractmethods__", frozenset())
+        for hook in hooks:
+            assert hasattr(cls, hook) and hook not in abstract, f"{cls.__name__}.{hook}"
 
 
 def test_the_product_never_imports_the_test_stand_ins(graph: grimp.ImportGraph) -> None:

@@ -33,7 +33,7 @@ from evolm.checkpoint import latest_checkpoint, save_checkpoint
 from evolm.es import ESState
 from evolm.lora import LoraLayout, LoraSpec, load_adapter
 from evolm.lora.peft_io import CONFIG_FILE, WEIGHTS_FILE, AdapterError
-from evolm.tracking.sweep import KEY_TAG
+from evolm.sweep.parent_run import KEY_TAG
 from tests.conftest import free_port, wait_healthy
 from tests.helpers import REPO, read_results, run_cli
 
@@ -45,10 +45,11 @@ CONCURRENT_OPEN = textwrap.dedent(
     from pathlib import Path
     import torch
     from evolm.es import ESState
-    from evolm.loop import RunContext
+    from evolm.callbacks import RunContext
     from evolm.lora import LoraLayout
-    from evolm.tracking.mlflow import MLflowLogger
-    from evolm.tracking.sweep import SweepRun
+    from evolm.callbacks.mlflow import MLflowLogger
+    from evolm.sweep.parent_run import SweepRun
+    from tests.helpers import generation_record
 
     root, start, worker = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
     uri = f"sqlite:///{root}/mlflow.db"
@@ -60,7 +61,7 @@ CONCURRENT_OPEN = textwrap.dedent(
     state = ESState(mean=[torch.zeros(1)], seed=0)
     logger.on_run_start(ctx, state)
     for g in (1, 2):
-        logger.on_generation_end(ctx, {"generation": g, "train/fitness_mean": g * 1.0}, state)
+        logger.on_generation_end(ctx, generation_record(g, fitness_mean=g * 1.0), state)
     logger.on_run_end(ctx, {}, state)
     print("PARENT", parent.run_id, "RUN", logger.run_id)
     """
@@ -104,9 +105,10 @@ FRESH_RUNS = textwrap.dedent(
     from pathlib import Path
     import torch
     from evolm.es import ESState
-    from evolm.loop import RunContext
+    from evolm.callbacks import RunContext
     from evolm.lora import LoraLayout
-    from evolm.tracking.mlflow import MLflowLogger
+    from evolm.callbacks.mlflow import MLflowLogger
+    from tests.helpers import generation_record
 
     root, worker = Path(sys.argv[1]), sys.argv[2]
     workers, rounds = int(sys.argv[3]), int(sys.argv[4])
@@ -121,7 +123,7 @@ FRESH_RUNS = textwrap.dedent(
         ctx = RunContext(store, 2, LoraLayout(targets=(), rank=1, alpha=1.0, num_layers=1), "base")
         state = ESState(mean=[torch.zeros(1)], seed=0)
         logger.on_run_start(ctx, state)
-        logger.on_generation_end(ctx, {"generation": 1, "train/fitness_mean": 1.0}, state)
+        logger.on_generation_end(ctx, generation_record(1, fitness_mean=1.0), state)
         logger.on_run_end(ctx, {}, state)
         print(r, logger.run_id, flush=True)
     """
@@ -156,7 +158,7 @@ def test_runs_creating_one_fresh_store_at_once_all_log_and_leave_it_usable(
         runs = client.search_runs([exp.experiment_id])
         assert sorted(run.info.run_name for run in runs) == [f"w{i}" for i in range(workers)]
         assert all(run.info.status == "FINISHED" for run in runs)
-        assert all(run.data.metrics == {"train/fitness_mean": 1.0} for run in runs)
+        assert all(run.data.metrics["train/fitness_mean"] == 1.0 for run in runs)
         later = client.create_run(exp.experiment_id)  # a later run still uses the store
         client.log_metric(later.info.run_id, "x", 1.0)
 

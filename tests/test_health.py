@@ -10,26 +10,24 @@ import mlflow
 import pytest
 from transformers import AutoConfig
 
+from evolm.callbacks import GenerationRecord, RunContext
+from evolm.callbacks.health import TAG, LearningMonitor
+from evolm.callbacks.mlflow import MLflowLogger
+from evolm.callbacks.results import ResultsWriter
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError, RunAborted
 from evolm.es import ES
-from evolm.loop import ESLoop, RunContext
+from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales
 from evolm.task.base import Example, Scores
 from evolm.task.conciseness import Conciseness
-from evolm.tracking.callbacks import ResultsWriter
-from evolm.tracking.health import TAG, LearningMonitor
-from evolm.tracking.mlflow import MLflowLogger
-from tests.helpers import read_results, run_cli
+from tests.helpers import generation_record, read_results, run_cli
 
 
-def record(generation: int, std: float, update: float = 0.1, mean: float = -4.0) -> dict:
-    return {
-        "generation": generation,
-        "train/fitness_mean": mean,
-        "train/fitness_std": std,
-        "es/update_norm": update,
-    }
+def record(
+    generation: int, std: float, update: float = 0.1, mean: float = -4.0
+) -> GenerationRecord:
+    return generation_record(generation, fitness_mean=mean, fitness_std=std, update_norm=update)
 
 
 def context(tmp_path: Path) -> RunContext:
@@ -41,7 +39,8 @@ def test_ties_are_reported_once_after_patience(
 ) -> None:
     monitor, ctx = LearningMonitor(patience=2), context(tmp_path)
     monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
-    monitor.on_generation_end(ctx, {"generation": 0, "eval/reward_mean": 1.0}, None)  # type: ignore[arg-type]
+    start = GenerationRecord(0, eval={"eval/reward_mean": 1.0})
+    monitor.on_generation_end(ctx, start, None)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
         monitor.on_generation_end(ctx, record(1, 0.0, 0.0), None)  # type: ignore[arg-type]
         assert not caplog.records and TAG not in ctx.tags
@@ -91,11 +90,9 @@ def test_abort_raises_with_the_reason(tmp_path: Path) -> None:
         monitor.on_generation_end(ctx, record(1, 0.0, 0.0), None)  # type: ignore[arg-type]
 
 
-def shares(generation: int, mean: float, empty: float, truncated: float = 0.1) -> dict:
-    return record(generation, 0.3, mean=mean) | {
-        "train/empty_share": empty,
-        "train/truncated_share": truncated,
-    }
+def shares(generation: int, mean: float, empty: float, truncated: float = 0.1) -> GenerationRecord:
+    diagnostics = {"empty_share": empty, "truncated_share": truncated}
+    return generation_record(generation, mean, 0.3, diagnostics=diagnostics)
 
 
 def test_fitness_rising_with_empty_answers_is_reported_as_gaming(
@@ -118,7 +115,7 @@ def test_truncated_answers_are_watched_from_a_resumed_runs_first_generation(
 ) -> None:
     """The baseline is the run's first generation, from the checkpoint's history on resume."""
     monitor, ctx = LearningMonitor(patience=1), context(tmp_path)
-    ctx.history = [{"generation": 0}, shares(1, 0.1, 0.0, truncated=0.05)]
+    ctx.history = [{"generation": 0}, shares(1, 0.1, 0.0, truncated=0.05).as_record()]
     monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
         monitor.on_generation_end(ctx, shares(2, 0.5, 0.0, truncated=0.5), None)  # type: ignore[arg-type]
@@ -170,7 +167,7 @@ def test_a_run_paid_for_empty_answers_is_told_it_games_its_reward(
     callbacks = [ResultsWriter(), LearningMonitor(patience=2), MLflowLogger(uri)]
     loop = ESLoop(es, EmptyPays(max_new_tokens=16), engine, layout, 20, 10, 0, callbacks)
     ctx = RunContext(tmp_path, 20, layout, tiny_model_dir)
-    with caplog.at_level(logging.WARNING, logger="evolm.tracking.health"):
+    with caplog.at_level(logging.WARNING, logger="evolm.callbacks.health"):
         loop.run(state, ctx)
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert "THIS RUN IS GAMING ITS REWARD (train/empty_share)" in said

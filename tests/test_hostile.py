@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from evolm import checkpoint as ck
 from evolm.app import Builder, load_run_config, train
+from evolm.callbacks.checkpoint import Checkpointer
 from evolm.config import run_dir
 from evolm.errors import ConfigError, RunAborted
 from evolm.es import ES, ESState
@@ -42,7 +43,7 @@ from evolm.task.base import MAX_RECORD_CHARS, read_jsonl
 from evolm.task.countdown_data import load_countdown_json
 from evolm.task.scorer import ScorerClient, ScorerError
 from evolm.trust import hydra_whitelist, job_trusted
-from tests.helpers import compose_config, run_cli
+from tests.helpers import compose_config, generation_record, run_cli
 
 # ------------------------------------------------------------------------------ security
 
@@ -276,10 +277,12 @@ def test_disk_full_during_a_checkpoint_keeps_the_last_good_one(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ck.os, "fsync", full)
-    checkpointer = ck.Checkpointer(every=1)
+    checkpointer = Checkpointer(every=1)
     ctx = SimpleNamespace(output_dir=tmp_path, generations=5, stateful={}, history=[], config={})
     with pytest.raises(RunAborted, match=r"No space left.*partial file was removed.*gen-000001"):
-        checkpointer.on_generation_end(ctx, {}, ESState(mean=[torch.ones(2)], seed=0, generation=2))
+        checkpointer.on_generation_end(
+            ctx, generation_record(2), ESState(mean=[torch.ones(2)], seed=0, generation=2)
+        )
     assert sorted(p.name for p in directory.iterdir()) == [good.name, good.name + ".sha256"]
     monkeypatch.undo()
     assert ck.latest_checkpoint(directory).generation == 1

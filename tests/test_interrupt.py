@@ -23,14 +23,15 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from evolm import interrupt
-from evolm.checkpoint import Checkpointer, checkpoints, latest_checkpoint
+from evolm.callbacks import RunContext
+from evolm.callbacks.checkpoint import Checkpointer
+from evolm.callbacks.mlflow import MLflowLogger
+from evolm.checkpoint import checkpoints, latest_checkpoint
 from evolm.es import ESState
-from evolm.loop import RunContext
 from evolm.lora import LoraLayout
 from evolm.server.connection import free_port
 from evolm.task.scorer import Scorer
-from evolm.tracking.mlflow import MLflowLogger
-from tests.helpers import REPO, read_results, run_cli
+from tests.helpers import REPO, generation_record, read_results, run_cli
 
 ARGS = [
     "generations=40",
@@ -193,7 +194,7 @@ def test_sigterm_inside_an_mlflow_store_call_still_ends_the_run_killed(
     event.listen(Engine, "after_cursor_execute", signal_mid_transaction)
     try:
         with pytest.raises(interrupt.Interrupted) as stopped:
-            logger.on_generation_end(ctx, {"generation": 1, "train/fitness_mean": 0.5}, state)
+            logger.on_generation_end(ctx, generation_record(1, fitness_mean=0.5), state)
     finally:
         event.remove(Engine, "after_cursor_execute", signal_mid_transaction)
     assert sent, "the signal was not sent inside the store call"
@@ -216,7 +217,7 @@ def test_checkpointer_saves_the_last_finished_generation_on_a_stop_only(tmp_path
     saver = Checkpointer(every=10)
     saver.on_run_start(ctx, ESState(mean=[torch.zeros(2)], seed=0, generation=0))
     for g in range(1, 4):
-        saver.on_generation_end(ctx, {"generation": g}, ESState([torch.full((2,), g)], 0, g))
+        saver.on_generation_end(ctx, generation_record(g), ESState([torch.full((2,), g)], 0, g))
     task.log_lambda = 9.0  # generation 4, under way
     saver.on_run_error(ctx, RuntimeError("a real failure"))
     assert checkpoints(tmp_path / "checkpoints") == []

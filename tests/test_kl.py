@@ -13,17 +13,18 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from evolm import metrics as M
+from evolm.callbacks import RunContext
+from evolm.callbacks.results import ResultsWriter
 from evolm.engine.base import Completion, Engine
 from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.evaluate import kl_to_base
-from evolm.loop import ESLoop, RunContext
+from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, es_scales, uniform_scales
 from evolm.lora.norms import delta_norm, weight_norm
 from evolm.sampling import Sampling
 from evolm.task.base import Example
 from evolm.task.conciseness import Conciseness
-from evolm.tracking.callbacks import ResultsWriter
 from tests.helpers import read_results
 
 PROMPTS = ["Solve: 7 + 6 =", "Is ice colder than boiling water?", "Name a colour."]

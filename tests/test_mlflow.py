@@ -17,13 +17,13 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 import evolm
+from evolm.callbacks import GenerationRecord, RunContext
+from evolm.callbacks.mlflow import MLflowLogger
 from evolm.es import ESState
-from evolm.loop import RunContext
 from evolm.lora import LoraLayout
-from evolm.tracking.mlflow import MLflowLogger
 from evolm.tracking.runinfo import flatten
 from tests.conftest import SHORT_RUN
-from tests.helpers import REPO, read_results, run_cli
+from tests.helpers import REPO, generation_record, read_results, run_cli
 
 RECORD_KEYS = {
     "train/fitness_mean",
@@ -146,8 +146,8 @@ def context(tmp_path: Path, history: list[dict[str, Any]] | None = None) -> RunC
     return RunContext(tmp_path, 3, layout, "base", {"es": {"sigma": 0.1}}, history or [])
 
 
-def record(g: int) -> dict[str, Any]:
-    return {"generation": g, "train/fitness_mean": float(g), "es/update_norm": math.nan}
+def record(g: int) -> GenerationRecord:
+    return generation_record(g, fitness_mean=float(g), update_norm=math.nan)
 
 
 STATE = ESState(mean=[torch.zeros(1)], seed=0)
@@ -174,7 +174,8 @@ def test_metrics_that_fail_are_sent_later(
     logger.client.log_batch = store_down  # type: ignore[method-assign]
     logger.on_generation_end(ctx, record(1), STATE)
     logger.on_generation_end(ctx, record(2), STATE)
-    assert "could not log metrics" in caplog.text and len(logger.pending) == 4
+    per_record = len(record(1).as_record()) - 1  # every metric but the generation
+    assert "could not log metrics" in caplog.text and len(logger.pending) == 2 * per_record
     logger.client.log_batch = real  # type: ignore[method-assign]  # the store is back
     logger.on_generation_end(ctx, record(3), STATE)
     logger.on_run_end(ctx, {}, STATE)
@@ -197,7 +198,7 @@ def test_child_run_and_resumed_run(store: str, tmp_path: Path) -> None:
     # The process dies; the run resumes from a checkpoint of generation 1 and redoes 2 and 3.
     second = MLflowLogger(uri, experiment_name="sweep", artifacts=[])
     second.load_state_dict(checkpoint)
-    ctx = context(tmp_path, history=[record(1)])
+    ctx = context(tmp_path, history=[record(1).as_record()])
     second.on_run_start(ctx, STATE)
     for g in (2, 3):
         second.on_generation_end(ctx, record(g), STATE)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -18,11 +16,15 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from evolm.app import resolve_model
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
 from evolm.model.gguf_weights import MODELS, locate
-from evolm.model.spec import CACHE_ENV, TINY_BUILD_VERSION, _build_atomically
+from evolm.model.spec import CACHE_ENV, _build_atomically, is_built
 from evolm.model.tiny import build_tiny_model
+from evolm.task import countdown_warmup
+from evolm.task.countdown_reward import paper_prompt
+from evolm.task.countdown_warmup import CountdownWarmup
 from tests.conftest import COUNTDOWN_TINY
 from tests.helpers import compose_config
 
@@ -349,20 +351,44 @@ def test_countdown_warm_up_answers_in_format_then_stops(countdown_model_dir: str
 
 
 def test_default_tiny_model_has_no_countdown_warm_up() -> None:
-    """countdown_share=0 (the default) builds exactly the model built before the option
-    existed: same fingerprint, so caches and the conciseness demo are unchanged."""
-    fields = {f.name: getattr(TinyModel(), f.name) for f in dataclasses.fields(TinyModel)}
-    del fields["cache_dir"], fields["countdown_share"], fields["countdown_untagged"]
-    fields["build_version"] = TINY_BUILD_VERSION
-    blob = json.dumps(fields, sort_keys=True).encode()
-    assert TinyModel().fingerprint() == hashlib.sha256(blob).hexdigest()[:12]
-    assert TinyModel(countdown_share=0.5).fingerprint() != TinyModel().fingerprint()
+    """countdown_share=0 (the default) reads no warm-up data: its key ignores any; with a
+    share the key holds the data's fingerprint, and the data must be passed in (evolm.model
+    imports no task)."""
+    warmup = CountdownWarmup()
+    assert TinyModel().fingerprint() == TinyModel().fingerprint(warmup)
+    assert TinyModel(countdown_share=0.5).fingerprint(warmup) != TinyModel().fingerprint()
     untagged = TinyModel(countdown_share=0.5, countdown_untagged=0.5)
-    assert untagged.fingerprint() != TinyModel(countdown_share=0.5).fingerprint()
+    assert untagged.fingerprint(warmup) != TinyModel(countdown_share=0.5).fingerprint(warmup)
+    with pytest.raises(ValueError, match=r"pass warmup=CountdownWarmup\(\)"):
+        TinyModel(countdown_share=0.5).model_dir()
     with pytest.raises(ConfigError, match="countdown_share"):
         TinyModel(countdown_share=1.5)
     with pytest.raises(ConfigError, match="countdown_untagged"):
         TinyModel(countdown_untagged=1.0)
+
+
+def test_model_cache_key_covers_the_warm_up_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed countdown prompt gives another model directory (a new build), never the stale
+    model; the same data gives the same directory."""
+    spec = TinyModel(**COUNTDOWN_TINY)
+    before = spec.model_dir(CountdownWarmup())
+    assert spec.model_dir(CountdownWarmup()) == before
+
+    def reworded(numbers: list[int], target: int) -> str:
+        return paper_prompt(numbers, target).replace("create an equation", "write an equation")
+
+    monkeypatch.setattr(countdown_warmup, "paper_prompt", reworded)
+    after = spec.model_dir(CountdownWarmup())
+    assert after != before and after.parent == before.parent
+    assert spec.model_dir(CountdownWarmup()) == after
+
+
+def test_the_composition_root_passes_the_countdown_warm_up_data(tmp_path: Path) -> None:
+    """evolm.app builds a countdown tiny model with the task's warm-up data (evolm.model cannot
+    import it), into the directory that data's key names."""
+    spec = TinyModel(cache_dir=str(tmp_path), countdown_share=0.5, **QUICK)
+    assert resolve_model(spec) == str(spec.model_dir(CountdownWarmup()))
+    assert is_built(spec.model_dir(CountdownWarmup()))
 
 
 @pytest.mark.parametrize(
@@ -391,9 +417,10 @@ BUILD_IN_ENV = """
 import hashlib, sys, torch
 from evolm.model import tiny
 from evolm.model.spec import TinyModel
+from evolm.task.countdown_warmup import CountdownWarmup
 tiny.WARMUP_DTYPE = getattr(torch, sys.argv[2])
 spec = TinyModel(warmup_steps=60, countdown_share=0.75, countdown_untagged=0.5)
-out = tiny.build_tiny_model(sys.argv[1], spec)
+out = tiny.build_tiny_model(sys.argv[1], spec, CountdownWarmup())
 print(torch.backends.cpu.get_cpu_capability(), hashlib.sha256(
     (out / "model.safetensors").read_bytes()).hexdigest())
 """

@@ -18,12 +18,13 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from evolm.checkpoint import Checkpointer, checkpoints, latest_checkpoint, save_checkpoint
+from evolm.callbacks import RunContext
+from evolm.callbacks.checkpoint import Checkpointer
+from evolm.checkpoint import checkpoints, latest_checkpoint, save_checkpoint
 from evolm.es import ES, ESState
-from evolm.loop import RunContext
 from evolm.lora import LoraLayout
 from evolm.task.scorer import Scorer
-from tests.helpers import REPO, read_results, run_cli
+from tests.helpers import REPO, generation_record, read_results, run_cli
 
 GENERATIONS = 24
 ARGS = [
@@ -237,7 +238,7 @@ def test_checkpointer_every_keep_and_task_state(tmp_path: Path) -> None:
     saver = Checkpointer(every=3, keep=2)
     saver.on_run_start(ctx, state(0))
     for g in range(1, 8):
-        saver.on_generation_end(ctx, {"generation": g}, state(g))
+        saver.on_generation_end(ctx, generation_record(g), state(g))
     assert [g for g, _ in checkpoints(tmp_path / "checkpoints")] == [6, 7]  # every 3 + the last
     found = latest_checkpoint(tmp_path / "checkpoints")
     assert found is not None and [r["generation"] for r in found.records] == list(range(1, 8))

@@ -24,6 +24,7 @@ from evolm.lora import LoraLayout
 from evolm.sampling import Sampling
 from evolm.server.connection import ServerProcess
 from evolm.server.fleet import Fleet
+from evolm.server.options import RemoteOptions
 from evolm.server.sglang import SGLangEngine, sglang_servers
 from tests.test_server_sglang import PROMPTS, STANDIN, make_layout, population
 
@@ -38,15 +39,8 @@ def layout(tiny_model_dir: str) -> LoraLayout:
 @pytest.fixture(scope="module")
 def fleet(tiny_model_dir: str, layout: LoraLayout) -> Iterator[Fleet]:
     """Two stand-ins launched at once, one per (would-be) GPU, as server.cuda_devices=[0,1]."""
-    engine = sglang_servers(
-        tiny_model_dir,
-        layout,
-        cuda_devices=["0", "1"],
-        launch_module=STANDIN,
-        max_loras_per_batch=6,
-        startup_timeout_s=120,
-        max_lora_rank=4,
-    )
+    options = RemoteOptions(STANDIN, cuda_devices=["0", "1"], startup_timeout_s=120)
+    engine = sglang_servers(tiny_model_dir, layout, options, max_loras_per_batch=6, max_lora_rank=4)
     assert isinstance(engine, Fleet)
     yield engine
     engine.close()
@@ -105,7 +99,10 @@ def test_a_sweep_keeps_the_fleet_and_repoints_every_server(
 def test_attach_to_a_list_of_urls(fleet: Fleet, tiny_model_dir: str, layout: LoraLayout) -> None:
     urls = [e.url for e in fleet.engines]  # type: ignore[attr-defined]
     attached = sglang_servers(
-        tiny_model_dir, layout, url=urls, self_test=False, max_loras_per_batch=6
+        tiny_model_dir,
+        layout,
+        RemoteOptions(STANDIN, url=urls, self_test=False),
+        max_loras_per_batch=6,
     )
     try:
         assert isinstance(attached, Fleet) and attached.urls == urls
@@ -123,9 +120,11 @@ def test_both_lists_or_an_empty_one_are_config_errors(
     tiny_model_dir: str, layout: LoraLayout, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigError, match=r"^cuda_devices: "):
-        sglang_servers(tiny_model_dir, layout, url=["http://a:1"], cuda_devices=["0"])
+        sglang_servers(
+            tiny_model_dir, layout, RemoteOptions(STANDIN, url=["http://a:1"], cuda_devices=["0"])
+        )
     with pytest.raises(ConfigError, match=r"^url: "):
-        sglang_servers(tiny_model_dir, layout, url=[])
+        sglang_servers(tiny_model_dir, layout, RemoteOptions(STANDIN, url=[]))
 
 
 def test_a_server_started_from_a_short_lived_thread_outlives_that_thread(tmp_path: Path) -> None:

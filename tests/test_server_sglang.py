@@ -29,6 +29,7 @@ from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, save_adapter
 from evolm.sampling import Sampling
 from evolm.server.connection import ServerProcess, StartupError, free_port
+from evolm.server.options import RemoteOptions
 from evolm.server.remote import ServerDown
 from evolm.server.sglang import SGLangEngine
 from evolm.server.staging import adapter_root
@@ -37,6 +38,13 @@ from evolm.task.conciseness import Conciseness
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = "evolm.testing.sglang_standin"
+
+
+def attach(url: str) -> RemoteOptions:
+    """Options that attach to the server at ``url``."""
+    return RemoteOptions(STANDIN, url=url)
+
+
 QV = ("q_proj", "v_proj")
 PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow."]
 
@@ -84,7 +92,7 @@ def es_generation(engine: Any, layout: LoraLayout) -> tuple[Any, dict[str, Any],
     spec = LoraSpec(rank=layout.rank, init="random")
     mean = layout.init_mean(spec, [1.0] * len(layout.shapes()), seed=1)
     state, record = loop.step(strategy.init(mean, seed=0))
-    return state, record, recorder.outputs
+    return state, record.as_record(), recorder.outputs  # the flat record, as results.jsonl
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +108,8 @@ def local(tiny_model_dir: str, layout: LoraLayout) -> LocalEngine:
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: str, layout: LoraLayout) -> Iterator[SGLangEngine]:
     """The stand-in launched by the engine itself (5 slots: 4 members + base in one batch)."""
-    eng = SGLangEngine(
-        tiny_model_dir, layout, launch_module=STANDIN, max_loras_per_batch=5, startup_timeout_s=120
-    )
+    options = RemoteOptions(STANDIN, startup_timeout_s=120)
+    eng = SGLangEngine(tiny_model_dir, layout, options, max_loras_per_batch=5)
     yield eng
     eng.close()
 
@@ -239,7 +246,7 @@ def test_validation_names_the_flag(
 ) -> None:
     layout = make_layout(tiny_model_dir, rank, modules)
     with pytest.raises(ConfigError, match=rf"^{key}: .*{flag}") as err:
-        SGLangEngine(tiny_model_dir, layout, url=narrow_url, max_loras_per_batch=slots)
+        SGLangEngine(tiny_model_dir, layout, attach(narrow_url), max_loras_per_batch=slots)
     assert narrow_url in str(err.value)
 
 
@@ -247,21 +254,21 @@ def test_startup_failure_shows_the_server_log(tiny_model_dir: str, layout: LoraL
     with pytest.raises(
         StartupError, match=r"(?s)exited with code 2.*unrecognized arguments: --bogus"
     ):
-        SGLangEngine(tiny_model_dir, layout, launch_module=STANDIN, extra_args=["--bogus"])
+        SGLangEngine(tiny_model_dir, layout, RemoteOptions(STANDIN, extra_args=["--bogus"]))
 
 
 def test_config_errors_before_launch(tiny_model_dir: str, layout: LoraLayout) -> None:
     with pytest.raises(ConfigError, match=r"^max_loras_per_batch: "):
-        SGLangEngine(tiny_model_dir, layout, launch_module=STANDIN, max_loras_per_batch=1)
+        SGLangEngine(tiny_model_dir, layout, RemoteOptions(STANDIN), max_loras_per_batch=1)
     with pytest.raises(ConfigError, match=r"^max_lora_rank: .*below lora.rank=2"):
-        SGLangEngine(tiny_model_dir, layout, launch_module=STANDIN, max_lora_rank=1)
+        SGLangEngine(tiny_model_dir, layout, RemoteOptions(STANDIN), max_lora_rank=1)
 
 
 def test_attached_population_in_waves_equals_local(narrow_url: str, tiny_model_dir: str) -> None:
     """4 members on 3 slots run as 2 requests of 2 members; same outputs as the local engine."""
     layout = make_layout(tiny_model_dir, 2, QV)
     pop, sampling = population(layout, 4), Sampling(max_new_tokens=12)
-    engine = SGLangEngine(tiny_model_dir, layout, url=narrow_url, max_loras_per_batch=3)
+    engine = SGLangEngine(tiny_model_dir, layout, attach(narrow_url), max_loras_per_batch=3)
     try:
         assert len(engine.build_calls(PROMPTS, ["a", "b", "c", "d"], sampling, 0)) == 2
         out = engine.generate(PROMPTS, pop, sampling, seed=0)
@@ -278,7 +285,7 @@ def test_self_test_catches_a_server_that_ignores_adapters(
 ) -> None:
     with pytest.raises(RuntimeError, match=r"self-test failed.*ignores adapter weights"):
         SGLangEngine(
-            tiny_model_dir, layout, launch_module=STANDIN, extra_args=["--ignore-adapters"]
+            tiny_model_dir, layout, RemoteOptions(STANDIN, extra_args=["--ignore-adapters"])
         )
 
 
@@ -304,13 +311,14 @@ def test_killed_server_is_restarted_and_nothing_lost(
 def test_keep_alive_then_attach_and_a_dead_attached_server_is_an_error(
     tiny_model_dir: str, layout: LoraLayout
 ) -> None:
-    first = SGLangEngine(tiny_model_dir, layout, launch_module=STANDIN, keep_alive=True)
+    first = SGLangEngine(tiny_model_dir, layout, RemoteOptions(STANDIN, keep_alive=True))
     server = first.process
     assert server is not None
     try:
         first.close()
         assert server.alive(), "keep_alive leaves the server running"
-        second = SGLangEngine(tiny_model_dir, layout, url=first.url, self_test=False, retries=1)
+        again = RemoteOptions(STANDIN, url=first.url, self_test=False, retries=1)
+        second = SGLangEngine(tiny_model_dir, layout, again)
         assert second.generate(PROMPTS, None, Sampling(4), seed=0)
         server.stop()
         with pytest.raises(ServerDown, match=r"server\.url"):

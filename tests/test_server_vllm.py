@@ -28,7 +28,8 @@ from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 from evolm.server.connection import ServerProcess, free_port
-from evolm.server.vllm import VLLMEngine, vllm_max_lora_rank
+from evolm.server.options import RemoteOptions
+from evolm.server.vllm import LAUNCH_MODULE, VLLMEngine, vllm_max_lora_rank
 from evolm.task.conciseness import Conciseness
 from tests.near_tie import check_same_or_near_ties
 
@@ -71,12 +72,12 @@ def engine(tiny_model_dir: str, layout: LoraLayout, vllm_python: str) -> Iterato
     eng = VLLMEngine(
         tiny_model_dir,
         layout,
-        python=vllm_python,
-        extra_args=CPU_ARGS,
+        RemoteOptions(
+            LAUNCH_MODULE, python=vllm_python, extra_args=CPU_ARGS, startup_timeout_s=300
+        ),
         max_loras=4,
         max_model_len=512,
         dtype="float32",
-        startup_timeout_s=300,
     )
     yield eng
     eng.close()
@@ -112,7 +113,7 @@ def es_generation(engine: Any, layout: LoraLayout) -> tuple[Any, dict[str, Any],
     spec = LoraSpec(rank=layout.rank, init="random")
     mean = layout.init_mean(spec, [1.0] * len(layout.shapes()), seed=1)
     state, record = loop.step(strategy.init(mean, seed=0))
-    return state, record, recorder.outputs
+    return state, record.as_record(), recorder.outputs  # the flat record, as results.jsonl
 
 
 @pytest.mark.timeout(1800)
@@ -141,7 +142,7 @@ def test_max_lora_rank_is_a_valid_vllm_rank() -> None:
 def test_wrong_url_names_server_url(tiny_model_dir: str, layout: LoraLayout) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ConfigError, match=r"^url: no healthy vllm server at server\.url="):
-        VLLMEngine(tiny_model_dir, layout, url=url)
+        VLLMEngine(tiny_model_dir, layout, RemoteOptions(LAUNCH_MODULE, url=url))
 
 
 @pytest.mark.timeout(600)
@@ -158,7 +159,7 @@ def test_server_without_enable_lora_is_a_clear_error(
     try:
         server.wait_ready(lambda: _healthy(url), 300, "vLLM without --enable-lora")
         with pytest.raises(ConfigError, match=r"^url: .*LoRA disabled.*--enable-lora"):
-            VLLMEngine(tiny_model_dir, layout, url=url)
+            VLLMEngine(tiny_model_dir, layout, RemoteOptions(LAUNCH_MODULE, url=url))
     finally:
         server.stop()
 

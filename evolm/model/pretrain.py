@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from evolm.model.corpus import WORDS, build_corpus
-from evolm.model.countdown_docs import countdown_documents
+from evolm.model.warmup import NoWarmup, WarmupData, answer_documents
 
 VERBOSE_SHARE = 0.6
 VERBOSE = (
@@ -100,6 +100,7 @@ def pretrain(
     seed: int,
     countdown_share: float = 0.0,
     countdown_untagged: float = 0.0,
+    warmup: WarmupData | None = None,
     batch_size: int = 16,
     seq_len: int = 64,
     countdown_batch_size: int = COUNTDOWN_BATCH,
@@ -108,22 +109,30 @@ def pretrain(
 ) -> float:
     """Train ``model`` in place for ``steps`` AdamW steps; returns the final loss.
 
-    A ``countdown_share`` of the steps (spread evenly) train on countdown documents
-    (:mod:`evolm.model.countdown_docs`), the others on the question/answer documents; a
-    ``countdown_untagged`` share of the countdown answers leave out the ``<answer>`` block.
+    A ``countdown_share`` of the steps (spread evenly) train on the ``warmup`` data's documents
+    (:mod:`evolm.model.warmup`; the countdown task's, passed in from above), the others on the
+    question/answer documents; a ``countdown_untagged`` share of the countdown answers leave
+    out the ``<answer>`` block.
     """
     if steps == 0:
         return float("nan")
     plan = [is_countdown_step(s, countdown_share) for s in range(steps)]
     n_count = sum(plan)
+    if n_count and warmup is None:
+        raise ValueError(
+            f"countdown_share={countdown_share} needs the warm-up data: pass warmup= (the "
+            "countdown task's, evolm.task.countdown_warmup.CountdownWarmup)"
+        )
+    pairs = NoWarmup() if warmup is None else warmup
     data = documents(tok, end_id, (steps - n_count) * batch_size, seq_len, seed)
     n_full = (n_count + FULL_PROMPT_EVERY - 1) // FULL_PROMPT_EVERY
     batches = {
         "qa": (data, data, batch_size),  # rows of seq_len + 1, -100 padded: see qa_loss
         "full": (
-            *countdown_documents(
+            *answer_documents(
                 tok,
                 end_id,
+                pairs,
                 n_full * countdown_batch_size,
                 countdown_seq_len,
                 seed,
@@ -132,9 +141,10 @@ def pretrain(
             countdown_batch_size,
         ),
         "short": (
-            *countdown_documents(
+            *answer_documents(
                 tok,
                 end_id,
+                pairs,
                 (n_count - n_full) * SHORT_BATCH,
                 SHORT_SEQ_LEN,
                 seed + SHORT_SEED_OFFSET,  # other puzzles than the full-prompt documents'

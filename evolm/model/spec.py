@@ -16,10 +16,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from evolm.errors import ConfigError
 from evolm.files import publish_dir, temp_dir_beside
+
+if TYPE_CHECKING:
+    from evolm.model.warmup import WarmupData
 
 logger = logging.getLogger(__name__)
 
@@ -189,35 +192,62 @@ class TinyModel:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
-    def fingerprint(self) -> str:
-        """A short hash of every field that shapes the files (all but ``cache_dir``)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    def fingerprint(self, warmup: WarmupData | None = None) -> str:
+        """A short hash of everything the build reads: every field that shapes the files (all
+        but ``cache_dir``), the built-in corpus and, with ``countdown_share``, the warm-up
+        data's :meth:`~evolm.model.warmup.WarmupData.fingerprint` (a changed countdown prompt
+        builds a new model instead of reusing a stale one)."""
+        fields: dict[str, object] = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+        }
         del fields["cache_dir"]
         for key in ("countdown_share", "countdown_untagged"):
             if not fields[key]:  # unused: the same files (and hash) as before the key existed
                 del fields[key]
         fields["build_version"] = TINY_BUILD_VERSION
+        fields["corpus"] = corpus_digest()
+        if self.countdown_share:
+            fields["warmup"] = self._warmup(warmup).fingerprint()
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
+
+    def _warmup(self, warmup: WarmupData | None) -> WarmupData:
+        if warmup is None:
+            raise ValueError(
+                f"TinyModel(countdown_share={self.countdown_share}) trains on countdown warm-up "
+                "data that evolm.model does not own: pass warmup=CountdownWarmup() "
+                "(evolm.task.countdown_warmup) to fingerprint/model_dir/resolve, as the "
+                "composition root (evolm.app.resolve_model) does"
+            )
+        return warmup
 
     def cache_root(self) -> Path:
         return cache_root(self.cache_dir)
 
-    def model_dir(self) -> Path:
-        """Where this spec's model lives (it may not be built yet)."""
-        return self.cache_root() / "models" / f"tiny-{self.fingerprint()}"
+    def model_dir(self, warmup: WarmupData | None = None) -> Path:
+        """Where this spec's model lives (it may not be built yet); ``warmup``: the countdown
+        warm-up data, needed when ``countdown_share > 0``."""
+        return self.cache_root() / "models" / f"tiny-{self.fingerprint(warmup)}"
 
-    def resolve(self) -> str:
-        """The model directory, built on first use (atomically; safe across processes)."""
-        target = self.model_dir()
+    def resolve(self, warmup: WarmupData | None = None) -> str:
+        """The model directory, built on first use (atomically; safe across processes);
+        ``warmup``: the countdown warm-up data, needed when ``countdown_share > 0``."""
+        target = self.model_dir(warmup)
         if not is_built(target):
             logger.info(
                 "building the tiny model %s (%d warm-up steps; once: later runs load it)",
                 target,
                 self.warmup_steps,
             )
-            _build_atomically(self, target)
+            _build_atomically(self, target, warmup=warmup)
         return str(target)
+
+
+def corpus_digest() -> str:
+    """A hash of the built-in corpus the tokenizer and the question/answer warm-up read."""
+    from evolm.model.corpus import build_corpus  # pure Python; 0.1 s
+
+    return hashlib.sha256("\n".join(build_corpus(0)).encode()).hexdigest()[:16]
 
 
 def cache_root(cache_dir: str | None) -> Path:
@@ -225,10 +255,10 @@ def cache_root(cache_dir: str | None) -> Path:
     return Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
 
 
-def _build_tiny(spec: TinyModel, out: Path) -> None:
+def _build_tiny(spec: TinyModel, out: Path, warmup: WarmupData | None) -> None:
     from evolm.model.tiny import build_tiny_model  # heavy imports only when building
 
-    build_tiny_model(out, spec)
+    build_tiny_model(out, spec, warmup)
 
 
 def model_problem(model_dir: Path) -> str | None:
@@ -263,7 +293,10 @@ def is_built(model_dir: Path) -> bool:
 
 
 def _build_atomically(
-    spec: TinyModel | None, target: Path, build: Callable[[Path], object] | None = None
+    spec: TinyModel | None,
+    target: Path,
+    build: Callable[[Path], object] | None = None,
+    warmup: WarmupData | None = None,
 ) -> None:
     """Build into a temp dir beside ``target`` with ``build(tmp)`` (None: the tiny model of
     ``spec``), then rename, its files readable as the umask says (:mod:`evolm.files`); if
@@ -277,7 +310,7 @@ def _build_atomically(
         with temp_dir_beside(target) as tmp:
             if build is None:
                 assert spec is not None
-                _build_tiny(spec, tmp)
+                _build_tiny(spec, tmp, warmup)
             else:
                 build(tmp)
             if publish_dir(tmp, target, replace=False):

@@ -20,6 +20,7 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from evolm.model.loading import save_checkpoint
 from evolm.model.pretrain import pretrain
 from evolm.model.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
+from evolm.model.warmup import WarmupData
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,15 @@ def init_model(config: Qwen2Config, seed: int) -> Qwen2ForCausalLM:
     return model.eval()
 
 
-def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyArch) -> None:
-    """The warm-up (see :mod:`evolm.model.pretrain`), machine-independent: in float64, on one
+def warm_up(
+    model: Qwen2ForCausalLM,
+    tok: Tokenizer,
+    end_id: int,
+    spec: TinyArch,
+    warmup: WarmupData | None = None,
+) -> None:
+    """The warm-up (see :mod:`evolm.model.pretrain`; ``warmup``: the countdown data a
+    ``countdown_share`` trains on, passed in from above), machine-independent: in float64, on one
     thread, from a forked RNG (the caller's RNG and threads are untouched), then rounded back
     to the model's float32.
 
@@ -99,14 +107,16 @@ def warm_up(model: Qwen2ForCausalLM, tok: Tokenizer, end_id: int, spec: TinyArch
                 seed=spec.seed,
                 countdown_share=spec.countdown_share,
                 countdown_untagged=spec.countdown_untagged,
+                warmup=warmup,
             )
     finally:
         model.to(torch.float32)
         torch.set_num_threads(threads)
 
 
-def build_tiny_model(out_dir: str | Path, spec: TinyArch) -> Path:
-    """Write config, safetensors weights, generation config and tokenizer files to ``out_dir``."""
+def build_tiny_model(out_dir: str | Path, spec: TinyArch, warmup: WarmupData | None = None) -> Path:
+    """Write config, safetensors weights, generation config and tokenizer files to ``out_dir``
+    (``warmup``: the data of the countdown steps, needed when ``spec.countdown_share > 0``)."""
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,7 +124,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyArch) -> Path:
     endoftext, im_end = tok.token_to_id(ENDOFTEXT), tok.token_to_id(IM_END)
     config = qwen2_config(spec, bos_id=endoftext, eos_id=im_end, pad_id=endoftext)
     model = init_model(config, spec.seed)
-    warm_up(model, tok, im_end, spec)
+    warm_up(model, tok, im_end, spec, warmup)
     model.generation_config = GenerationConfig(
         bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
     )

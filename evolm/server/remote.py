@@ -46,6 +46,7 @@ from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
 from evolm.server.connection import Server, ServerDown, ServerError, ServerProcess, free_port
+from evolm.server.options import RemoteOptions
 from evolm.server.staging import AdapterStage
 
 __all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError"]
@@ -82,34 +83,28 @@ class RemoteEngine(Engine):
     max_lora_rank: int  # the server's --max-lora-rank (set by the subclass)
     lora_target_modules: list[str] | None = None  # the modules it serves (None: all)
 
-    def __init__(
-        self,
-        model_path: str,
-        layout: LoraLayout,
-        url: str | None,
-        host: str,
-        port: int | None,
-        python: str | None,
-        launch_module: str,
-        extra_args: Sequence[str],
-        cuda_devices: str | None,
-        keep_alive: bool,
-        startup_timeout_s: float,
-        request_timeout_s: float,
-        retries: int,
-        restarts: int,
-        self_test: bool,
-        max_workers: int,
-    ) -> None:
+    def __init__(self, model_path: str, layout: LoraLayout, options: RemoteOptions) -> None:
+        url, cuda_devices = options.url, options.cuda_devices
+        if not (url is None or isinstance(url, str)):
+            raise ConfigError("url", f"one {self.kind} server has one URL, not {url!r}", "name one")
+        if not (cuda_devices is None or isinstance(cuda_devices, str | int)):
+            raise ConfigError(
+                "cuda_devices",
+                f"one {self.kind} server sees one CUDA_VISIBLE_DEVICES, not {cuda_devices!r}",
+                "name one, e.g. server.cuda_devices=0",
+            )
+        self.options = options
         self.model_path, self.layout = model_path, layout
-        self.host, self.port, self.keep_alive = host, port, keep_alive
-        self.python = python or sys.executable
+        self.host, self.port, self.keep_alive = options.host, options.port, options.keep_alive
+        self.python = options.python or sys.executable
         if shutil.which(self.python) is None:
             raise ConfigError("python", f"{self.python!r} is not an executable", "name one")
-        self.launch_module, self.extra_args = launch_module, list(extra_args)
-        self.cuda_devices = cuda_devices
-        self.startup_timeout_s, self.request_timeout_s = startup_timeout_s, request_timeout_s
-        self.retries, self.restarts = max(0, retries), max(0, restarts)
+        self.launch_module, self.extra_args = options.launch_module, list(options.extra_args)
+        self.cuda_devices = None if cuda_devices is None else str(cuda_devices)
+        self.startup_timeout_s = options.startup_timeout_s
+        self.request_timeout_s = options.request_timeout_s
+        self.retries, self.restarts = options.retries, options.restarts
+        max_workers = options.max_workers
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.run = secrets.token_hex(3)
         self.generation = 0
@@ -117,13 +112,13 @@ class RemoteEngine(Engine):
         self._timings: dict[str, float] = {}
         self.startup_s: float | None = None  # seconds the last launch took to become healthy
         self.pool = ThreadPoolExecutor(max(1, max_workers), thread_name_prefix=f"evolm-{self.kind}")
-        self.server = Server(self.kind, request_timeout_s, self.retries, max_workers)
+        self.server = Server(self.kind, self.request_timeout_s, self.retries, max_workers)
         self._closed = False
         atexit.register(self.close)
         try:
             self.server.attach(url) if url is not None else self._launch()
             self.check_server()
-            if self_test:
+            if options.self_test:
                 self.self_test()
         except BaseException:
             self.close()

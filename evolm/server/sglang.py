@@ -26,9 +26,12 @@ from evolm.engine.base import Completion, Engine
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
 from evolm.sampling import Sampling
+from evolm.server.options import RemoteOptions
 from evolm.server.remote import Call, RemoteEngine, ServerError
 
 log = logging.getLogger(__name__)
+
+LAUNCH_MODULE = "sglang.launch_server"
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -42,9 +45,11 @@ DTYPES = {
 class SGLangEngine(RemoteEngine):
     """Evaluates populations on an SGLang server (launched, or attached with ``url``).
 
-    Args (beyond :class:`~evolm.server.vllm.VLLMEngine`'s shared ones):
-        launch_module: ``sglang.launch_server``; ``evolm.testing.sglang_standin`` runs the
-            CPU stand-in that enforces SGLang's HTTP contract (tests).
+    Args:
+        options: launch or attach, timeouts, retries (:class:`~evolm.server.options.RemoteOptions`;
+            ``None``: launch ``sglang.launch_server`` with the defaults).
+            ``evolm.testing.sglang_standin`` as its ``launch_module`` runs the CPU stand-in that
+            enforces SGLang's HTTP contract (tests).
         max_lora_rank: ``--max-lora-rank`` (``None``: lora.rank). Fixed for the server's life:
             for a sweep over ranks, launch with the largest.
         lora_target_modules: ``--lora-target-modules`` (``None``: lora.target_modules).
@@ -62,20 +67,7 @@ class SGLangEngine(RemoteEngine):
         self,
         model_path: str,
         layout: LoraLayout,
-        url: str | None = None,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        python: str | None = None,
-        launch_module: str = "sglang.launch_server",
-        extra_args: Sequence[str] = (),
-        cuda_devices: str | None = None,
-        keep_alive: bool = False,
-        startup_timeout_s: float = 900.0,
-        request_timeout_s: float = 600.0,
-        retries: int = 3,
-        restarts: int = 2,
-        self_test: bool = True,
-        max_workers: int = 16,
+        options: RemoteOptions | None = None,
         max_lora_rank: int | None = None,
         lora_target_modules: Sequence[str] | None = None,
         max_loras_per_batch: int = 8,
@@ -90,24 +82,7 @@ class SGLangEngine(RemoteEngine):
         self.slots = max_loras_per_batch
         self.layout, self._warned = layout, False
         self._check_fit(self.max_lora_rank, self.lora_target_modules, max_loras_per_batch)
-        super().__init__(
-            model_path,
-            layout,
-            url=url,
-            host=host,
-            port=port,
-            python=python,
-            launch_module=launch_module,
-            extra_args=extra_args,
-            cuda_devices=cuda_devices,
-            keep_alive=keep_alive,
-            startup_timeout_s=startup_timeout_s,
-            request_timeout_s=request_timeout_s,
-            retries=retries,
-            restarts=restarts,
-            self_test=self_test,
-            max_workers=max_workers,
-        )
+        super().__init__(model_path, layout, options or RemoteOptions(LAUNCH_MODULE))
 
     def adapter_dtype(self) -> torch.dtype:
         """The server's dtype (``--dtype``, or the model's own for ``auto``): SGLang casts
@@ -276,20 +251,7 @@ def sglang_completion(row: dict[str, Any]) -> Completion:
 def sglang_servers(
     model_path: str,
     layout: LoraLayout,
-    url: str | list[str] | None = None,
-    host: str = "127.0.0.1",
-    port: int | None = None,
-    python: str | None = None,
-    launch_module: str = "sglang.launch_server",
-    extra_args: Sequence[str] = (),
-    cuda_devices: str | list[str] | None = None,
-    keep_alive: bool = False,
-    startup_timeout_s: float = 900.0,
-    request_timeout_s: float = 600.0,
-    retries: int = 3,
-    restarts: int = 2,
-    self_test: bool = True,
-    max_workers: int = 16,
+    options: RemoteOptions | None = None,
     max_lora_rank: int | None = None,
     lora_target_modules: Sequence[str] | None = None,
     max_loras_per_batch: int = 8,
@@ -298,24 +260,14 @@ def sglang_servers(
     sampling_backend: str | None = "pytorch",
 ) -> Engine:
     """``server=sglang``: one :class:`SGLangEngine`, or a :class:`~evolm.server.fleet.Fleet`
-    of them, one server per GPU, when ``url`` or ``cuda_devices`` is a list.
+    of them, one server per GPU, when ``options.url`` or ``options.cuda_devices`` is a list.
 
     ``url=[u1, u2]`` attaches to those servers; ``cuda_devices=[0, 1]`` launches one server per
     entry, each seeing that GPU alone (``CUDA_VISIBLE_DEVICES``; a fixed ``port`` p gives
-    p, p+1, ...). Every other argument is :class:`SGLangEngine`'s, the same for each server.
+    p, p+1, ...). Every other option and argument is the same for each server.
     """
+    options = options or RemoteOptions(LAUNCH_MODULE)
     common: dict[str, Any] = dict(
-        host=host,
-        python=python,
-        launch_module=launch_module,
-        extra_args=extra_args,
-        keep_alive=keep_alive,
-        startup_timeout_s=startup_timeout_s,
-        request_timeout_s=request_timeout_s,
-        retries=retries,
-        restarts=restarts,
-        self_test=self_test,
-        max_workers=max_workers,
         max_lora_rank=max_lora_rank,
         lora_target_modules=lora_target_modules,
         max_loras_per_batch=max_loras_per_batch,
@@ -323,6 +275,7 @@ def sglang_servers(
         attention_backend=attention_backend,
         sampling_backend=sampling_backend,
     )
+    url, cuda_devices, port = options.url, options.cuda_devices, options.port
     urls = None if url is None or isinstance(url, str) else [str(u) for u in url]
     gpus = None if cuda_devices is None or isinstance(cuda_devices, str | int) else cuda_devices
     if urls is not None and gpus is not None:
@@ -332,18 +285,19 @@ def sglang_servers(
             "give one: server.url=[http://h:30000,http://h:30001] or server.cuda_devices=[0,1]",
         )
     if urls is None and gpus is None:
-        single = None if cuda_devices is None else str(cuda_devices)
-        return SGLangEngine(model_path, layout, url, port=port, cuda_devices=single, **common)
+        return SGLangEngine(model_path, layout, options, **common)
     if not (urls or gpus):
         raise ConfigError("url", "an empty list of servers", "name at least one URL or GPU")
     from evolm.server.fleet import Fleet, start_all
 
     def attach(u: str) -> Callable[[], Engine]:
-        return lambda: SGLangEngine(model_path, layout, u, port=None, **common)
+        one = options.replace(url=u, port=None)
+        return lambda: SGLangEngine(model_path, layout, one, **common)
 
     def launch(i: int, gpu: str) -> Callable[[], Engine]:
         at = None if port is None else port + i
-        return lambda: SGLangEngine(model_path, layout, None, port=at, cuda_devices=gpu, **common)
+        one = options.replace(url=None, port=at, cuda_devices=gpu)
+        return lambda: SGLangEngine(model_path, layout, one, **common)
 
     if urls is not None:
         makers = [attach(u) for u in urls]

@@ -11,16 +11,19 @@ requests sent in parallel threads. Greedy is ``temperature: 0``; every member ge
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from evolm.engine.base import Completion
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
 from evolm.sampling import Sampling
+from evolm.server.options import RemoteOptions
 from evolm.server.remote import Call, RemoteEngine, ServerError
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+LAUNCH_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def vllm_max_lora_rank(rank: int, max_lora_rank: int | None) -> int:
@@ -52,19 +55,9 @@ class VLLMEngine(RemoteEngine):
 
     Args:
         model_path, layout: completed by the composition root.
-        url: attach to this running server (``http://host:port``); ``None`` launches one.
-        host, port: where a launched server listens (``port=None``: a free port).
-        python: the server's interpreter (``None``: this one), e.g. ``.venv-vllm/bin/python``.
-        launch_module: the server's module (``python -m <launch_module>``).
-        extra_args: more server flags, e.g. ``[--kv-cache-memory-bytes, 1073741824]``.
-        cuda_devices: ``CUDA_VISIBLE_DEVICES`` of a launched server (``None``: inherited).
-        keep_alive: leave a launched server running after ``close()`` (attach later runs).
-        startup_timeout_s: how long a launched server may take to answer ``/health``.
-        request_timeout_s: per HTTP request; a request that times out counts as a failure.
-        retries: extra attempts (with backoff) after a connection error or timeout.
-        restarts: how often one ``generate`` call may restart a dead launched server.
-        self_test: at start, prove that a random adapter changes the outputs.
-        max_workers: threads for writing, loading, unloading and parallel requests.
+        options: launch or attach, timeouts, retries (:class:`~evolm.server.options.RemoteOptions`;
+            ``None``: launch ``vllm.entrypoints.openai.api_server`` with the defaults), e.g.
+            ``python=.venv-vllm/bin/python``.
         max_lora_rank: ``--max-lora-rank`` (``None``: the smallest valid rank >= lora.rank).
         max_loras: ``--max-loras``, adapters in one batch (more members queue).
         max_model_len: ``--max-model-len``.
@@ -77,20 +70,7 @@ class VLLMEngine(RemoteEngine):
         self,
         model_path: str,
         layout: LoraLayout,
-        url: str | None = None,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        python: str | None = None,
-        launch_module: str = "vllm.entrypoints.openai.api_server",
-        extra_args: Sequence[str] = (),
-        cuda_devices: str | None = None,
-        keep_alive: bool = False,
-        startup_timeout_s: float = 900.0,
-        request_timeout_s: float = 600.0,
-        retries: int = 3,
-        restarts: int = 2,
-        self_test: bool = True,
-        max_workers: int = 16,
+        options: RemoteOptions | None = None,
         max_lora_rank: int | None = None,
         max_loras: int = 8,
         max_model_len: int = 4096,
@@ -101,24 +81,7 @@ class VLLMEngine(RemoteEngine):
             raise ConfigError("max_loras", f"must be >= 1, got {max_loras}", "e.g. 8")
         self.max_loras, self.max_model_len, self.dtype = max_loras, max_model_len, dtype
         self.served_model = model_path
-        super().__init__(
-            model_path,
-            layout,
-            url=url,
-            host=host,
-            port=port,
-            python=python,
-            launch_module=launch_module,
-            extra_args=extra_args,
-            cuda_devices=cuda_devices,
-            keep_alive=keep_alive,
-            startup_timeout_s=startup_timeout_s,
-            request_timeout_s=request_timeout_s,
-            retries=retries,
-            restarts=restarts,
-            self_test=self_test,
-            max_workers=max_workers,
-        )
+        super().__init__(model_path, layout, options or RemoteOptions(LAUNCH_MODULE))
 
     def launch_args(self, host: str, port: int) -> list[str]:
         return [

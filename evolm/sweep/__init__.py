@@ -1,7 +1,7 @@
 """Hyperparameter sweeps: ``python -m evolm -m hparams_search=es_optuna`` (README, "Sweeps").
 
 - :mod:`evolm.sweep.callback`: the Hydra callback that checks the search space against the
-  server, keeps one MLflow parent run per study (:mod:`evolm.tracking.sweep`) and reports
+  server, keeps one MLflow parent run per study (:mod:`evolm.sweep.parent_run`) and reports
   how many engines the sweep started;
 - :mod:`evolm.sweep.study`: reads the Optuna study (trial counts, the best trial so far) and
   seeds the sampler of a resumed study or a parallel worker afresh.

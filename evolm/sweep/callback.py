@@ -7,7 +7,7 @@ Runs in the sweeping process, around the trials:
   the study's sqlite file, marks FAIL the RUNNING trials of dead processes
   (:mod:`evolm.sweep.stale`),
   creates the folders of sqlite URLs, opens the study's MLflow parent run
-  (:mod:`evolm.tracking.sweep`) and exports its id and store to the trials' MLflow logger
+  (:mod:`evolm.sweep.parent_run`) and exports its id and store to the trials' MLflow logger
   (``MLFLOW_PARENT_RUN_ID``, ``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``);
 - before each trial: records its owner process on the trial;
 - after each trial: the best trial so far onto the parent (several objectives, as
@@ -134,7 +134,7 @@ class SweepCallback(Callback):
     ) -> None:
         self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
         self.artifact_location = artifact_location
-        self.parent: Any = None  # evolm.tracking.sweep.SweepRun (mlflow imports lazily)
+        self.parent: Any = None  # evolm.sweep.parent_run.SweepRun (mlflow imports lazily)
         self.space: dict[str, str] = {}
         self.own: list[Finished] = []  # the trials this process ran
         self.first_error: str | None = None  # of the first trial of this process that failed
@@ -169,7 +169,7 @@ class SweepCallback(Callback):
         stale.fail_stale_trials(sweeper)
         if self.tracking_uri is None:
             return
-        from evolm.tracking.sweep import PARENT_ENV, SweepRun
+        from evolm.sweep.parent_run import PARENT_ENV, SweepRun
 
         ensure_sqlite_dir(self.tracking_uri)
         self.parent = SweepRun(

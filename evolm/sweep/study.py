@@ -13,8 +13,8 @@ import optuna
 from omegaconf import DictConfig
 from optuna.trial import FrozenTrial, TrialState
 
+from evolm.sweep.parent_run import Best
 from evolm.tracking.store import sqlite_lock
-from evolm.tracking.sweep import Best
 
 log = logging.getLogger(__name__)
 

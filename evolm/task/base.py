@@ -44,7 +44,7 @@ class Task(Protocol):
     """What the loop needs of a task. Subclass it: the optional hooks have no-op defaults.
 
     A task may also carry state that a checkpoint keeps (e.g. an adapted multiplier): define
-    ``state_dict() -> dict`` and ``load_state_dict(state)`` (:class:`evolm.loop.Stateful`).
+    ``state_dict() -> dict`` and ``load_state_dict(state)`` (:class:`evolm.callbacks.Stateful`).
     """
 
     sampling: Sampling

@@ -1,1 +1,3 @@
-"""Tracking: results files, figures, progress, the final adapter, MLflow runs (and sweeps)."""
+"""Tracking storage the callbacks (:mod:`evolm.callbacks`) and sweeps write through: the MLflow
+store and its lock (:mod:`~evolm.tracking.store`), run info (:mod:`~evolm.tracking.runinfo`:
+flattened config, git commit) and the evolution figure (:mod:`~evolm.tracking.plot`)."""

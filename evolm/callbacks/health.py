@@ -27,9 +27,10 @@ import logging
 import math
 
 from evolm import metrics as M
+from evolm.callbacks.base import Callback, RunContext
+from evolm.callbacks.record import GenerationRecord, Record
 from evolm.errors import ConfigError, RunAborted
 from evolm.es import ESState
-from evolm.loop import Callback, Record, RunContext
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +127,12 @@ class LearningMonitor(Callback):
         self._reset()
         self.first = next((r for r in ctx.history if M.FITNESS_STD in r), None)
 
-    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
-        if M.FITNESS_STD not in record:
+    def on_generation_end(
+        self, ctx: RunContext, generation: GenerationRecord, state: ESState
+    ) -> None:
+        if generation.es is None:
             return  # the start's eval record
+        record = generation.as_record()  # flat, as the baseline from ctx.history is
         self._check_nonfinite(record)
         std, mean = record[M.FITNESS_STD], record[M.FITNESS_MEAN]
         tie = math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean))

@@ -35,10 +35,11 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 import evolm
 from evolm import metrics as M
+from evolm.callbacks.base import Callback, RunContext
+from evolm.callbacks.record import GenerationRecord, Record
 from evolm.errors import ConfigError
 from evolm.es import ESState
 from evolm.interrupt import deferred, interruption
-from evolm.loop import Callback, Record, RunContext
 from evolm.tracking.runinfo import flatten, git_commit
 from evolm.tracking.store import mlflow_client
 
@@ -162,8 +163,8 @@ class MLflowLogger(Callback):
             self._queue(record)
         self._flush()
 
-    def on_generation_end(self, ctx: RunContext, record: Record, state: ESState) -> None:
-        self._queue(record)
+    def on_generation_end(self, ctx: RunContext, record: GenerationRecord, state: ESState) -> None:
+        self._queue(record.as_record())  # one MLflow step: the flat metrics
         self._flush()
         self._sync_tags(ctx)
 

@@ -1,30 +1,29 @@
-"""Countdown warm-up documents for the tiny model, from evolm's own generator and chain solver.
+"""The countdown warm-up data for the tiny model (``model.countdown_share``), from evolm's own
+generator and chain solver; the composition root hands it to the model build
+(:class:`evolm.model.warmup.WarmupData`), so ``evolm.model`` never imports a task.
 
-A document is the task's verbatim prompt (:func:`~evolm.task.countdown_reward.paper_prompt`,
-which ends with ``<think>``) followed by a worked answer in the format the reward asks for, then
-the end token::
+A pair is the task's verbatim prompt (:func:`~evolm.task.countdown_reward.paper_prompt`, which
+ends with ``<think>``) and a worked answer in the format the reward asks for::
 
-    ...step.\\n<think> 79 + 85 + 34 = 198 </think>\\n<answer> 79 + 85 + 34 </answer><|im_end|>
+    ...step.\\n<think> 79 + 85 + 34 = 198 </think>\\n<answer> 79 + 85 + 34 </answer>
 
 Only puzzles whose numbers combine left to right in the given order are used (about 60% of
 generated ones); the answer is the first such chain
 :func:`~evolm.task.countdown_data.solve_chain` finds (operators tried ``+ - * /``): a short,
 regular form a 2-layer model can imitate (copy the numbers in order, pick operators).
-Puzzles come from
-:func:`~evolm.task.countdown_data.generate_puzzles` with seeds far from the task's default
-seed, so the task's held-out split is not trained on. Only the answer tokens are trained (the
-prompt's labels are -100). Most documents use a short prompt (:func:`short_prompt`): copying
-numbers is what a tiny model learns slowest, and short documents teach it at a fraction of the
-compute.
+Puzzles come from :func:`~evolm.task.countdown_data.generate_puzzles` with seeds far from the
+task's default seed, so the task's held-out split is not trained on. Most documents use a
+short prompt (:func:`short_prompt`): copying numbers is what a tiny model learns slowest, and
+short documents teach it at a fraction of the compute.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Iterator
-
-import torch
-from tokenizers import Tokenizer
+from dataclasses import dataclass
 
 from evolm.task.countdown_data import chain_expression, generate_puzzles, solve_chain
 from evolm.task.countdown_reward import paper_prompt
@@ -33,7 +32,9 @@ PUZZLE_SEED_OFFSET = 1_000_003
 """Warm-up puzzles use ``generate_puzzles(..., seed=PUZZLE_SEED_OFFSET + seed)``: not the
 task's default seed (0), so the default held-out puzzles are never seen in the warm-up."""
 
-IGNORE = -100
+FINGERPRINT_PAIRS = 8
+"""How many pairs of each kind (full and short prompt, tagged and untagged answers) the
+fingerprint hashes: a change to the prompt, the answer format or the generator shows in them."""
 
 
 def completion(numbers: list[int], ops: str, target: str, tagged: bool = True) -> str:
@@ -76,31 +77,16 @@ def worked_puzzles(
         batch += 1
 
 
-def countdown_documents(
-    tok: Tokenizer,
-    end_id: int,
-    count: int,
-    seq_len: int,
-    seed: int,
-    short: bool = False,
-    untagged: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(inputs, labels)``, each ``[count, seq_len]``: prompt + worked answer + end token.
+@dataclass(frozen=True)
+class CountdownWarmup:
+    """The countdown warm-up pairs (:class:`evolm.model.warmup.WarmupData`)."""
 
-    ``short`` documents drop the prompt's constant instructions (:func:`short_prompt`): at
-    less than half the length they teach copying the numbers and the target at twice the
-    pace; the full-prompt documents carry the skill over to the task's prompt.
-    ``inputs`` is padded with ``end_id`` (masked out by the labels); ``labels[i, t]`` is the
-    token at ``t + 1`` for answer positions and -100 for the prompt and the padding.
-    """
-    inputs = torch.full((count, seq_len), end_id, dtype=torch.long)
-    labels = torch.full((count, seq_len), IGNORE, dtype=torch.long)
-    for i, (prompt, answer) in enumerate(worked_puzzles(count, seed, short, untagged)):
-        p, a = tok.encode(prompt).ids, [*tok.encode(answer).ids, end_id]
-        ids = (p + a)[: seq_len + 1]
-        n = len(ids) - 1
-        inputs[i, :n] = torch.tensor(ids[:-1])
-        target = torch.tensor(ids[1:])
-        target[: len(p) - 1] = IGNORE  # predict only the answer (and the end token)
-        labels[i, :n] = target
-    return inputs, labels
+    def pairs(
+        self, count: int, seed: int, short: bool, untagged: float
+    ) -> Iterator[tuple[str, str]]:
+        return worked_puzzles(count, seed, short, untagged)
+
+    def fingerprint(self) -> str:
+        """A hash of sample pairs of every kind: the model cache key covers the warm-up data."""
+        sample = [list(self.pairs(FINGERPRINT_PAIRS, 0, short, 0.5)) for short in (False, True)]
+        return hashlib.sha256(json.dumps(sample).encode()).hexdigest()[:16]

@@ -6,9 +6,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from evolm.callbacks.base import Callback, RunContext, Sample
+from evolm.callbacks.results import json_line
 from evolm.errors import ConfigError
-from evolm.loop import Callback, RunContext, Sample
-from evolm.tracking.callbacks import json_line
 
 
 class SampleWriter(Callback):

@@ -1,0 +1,74 @@
+"""Callbacks: the typed record they get (docs/callbacks.md's example, run for real) and the
+clear error for a ``_target_`` that moved to evolm.callbacks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from evolm.app import train
+from evolm.callbacks import Callback
+from evolm.errors import ConfigError
+from evolm.trust import MOVED
+from tests.conftest import SHORT_RUN
+from tests.helpers import REPO, compose_config, read_results, run_cli
+
+
+def docs_example() -> str:
+    """The Python block of docs/callbacks.md (the example callback)."""
+    text = (REPO / "docs" / "callbacks.md").read_text()
+    [code] = re.findall(r"```python\n(.*?)```", text, re.S)
+    return code
+
+
+def test_the_docs_example_callback_gets_typed_records(tmp_path: Path, tiny_model_dir: str) -> None:
+    """docs/callbacks.md's BestEval, in a module of its own, added from the command line as the
+    docs say: it reads the typed record (``eval_reward``, ``es``) of a real run."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "best.py").write_text(docs_example())
+    run = tmp_path / "run"
+    proc = run_cli(
+        [
+            *SHORT_RUN,
+            "logger=none",
+            f"output_dir={run}",
+            "+callbacks.best._target_=mypkg.best.BestEval",
+            "trusted_targets=[evolm.*,mypkg.*]",
+        ],
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evals = [r for r in read_results(run) if "eval/reward_mean" in r]
+    best = max(evals, key=lambda r: r["eval/reward_mean"])
+    generation, reward, fitness = (run / "best.txt").read_text().split(maxsplit=2)
+    first_best = min(
+        r["generation"] for r in evals if r["eval/reward_mean"] == best["eval/reward_mean"]
+    )
+    assert (int(generation), float(reward)) == (first_best, best["eval/reward_mean"])
+    assert fitness.strip() == "start" if first_best == 0 else fitness.startswith("fitness ")
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_moved_target_names_its_new_path(old: str, tmp_path: Path) -> None:
+    """A config (here the command line) naming a callback's old path is refused before
+    anything is built, with the path to write instead; the new path is a callback."""
+    new = MOVED[old]
+    assert issubclass(get_class(new), Callback)
+    cfg = compose_config([f"output_dir={tmp_path}", f"+callbacks.old._target_={old}"])
+    with pytest.raises(ConfigError, match=re.escape(f"moved to '{new}'")) as raised:
+        train(cfg)
+    assert "callbacks.old._target_" in str(raised.value)
+
+
+def test_a_resumed_config_with_an_old_target_names_the_new_path(tmp_path: Path) -> None:
+    """A run directory written before the move: its config.yaml names the old paths."""
+    cfg = OmegaConf.to_container(compose_config([f"output_dir={tmp_path}"]), resolve=True)
+    cfg["callbacks"]["progress"]["_target_"] = "evolm.tracking.callbacks.ProgressBar"
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    with pytest.raises(ConfigError, match=r"moved to 'evolm\.callbacks\.progress\.ProgressBar'"):
+        train(compose_config([f"resume={tmp_path}"]))
