@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,22 @@ def progress_line(record: Record, generations: int) -> str:
     seconds = record.get(M.GENERATION_S, 0.0) + record.get(M.EVAL_S, 0.0)
     parts.append(f"{seconds:.1f} s")
     return f"generation {record[M.GENERATION]}/{generations}: {', '.join(parts)}"
+
+
+class ModelWriter(Callback):
+    """``es.mean=full``: writes the final mean as a plain transformers model directory
+    (config, tokenizer, safetensors; the base's dtype) to ``<run dir>/<dirname>``, atomically,
+    at the end of the run: it loads anywhere with no merge step (:mod:`evolm.model.full`)."""
+
+    def __init__(self, base_dir: str, names: Sequence[str], dirname: str = "model") -> None:
+        self.base_dir, self.names, self.dirname = base_dir, list(names), dirname
+
+    def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
+        from evolm.model.full import save_model
+
+        path = Path(ctx.output_dir) / self.dirname
+        save_model(path, self.base_dir, dict(zip(self.names, state.mean, strict=True)))
+        log.info("final model: %s", path)
 
 
 class AdapterWriter(Callback):
