@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from evolm.checkpoint import latest_checkpoint
+from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.es.lowrank import FullES, cosine
+from evolm.lora import LoraLayout, LoraSpec
+from evolm.sampling import Sampling
+from tests.helpers import REPO, read_results, run_cli
 
 SHAPES = [(24, 16), (16, 40), (40, 16)]
 
@@ -96,3 +108,113 @@ def _weights(strat: FullES, pop, fitness) -> dict[int, float]:  # type: ignore[n
 def test_bad_mean_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"mean.*unknown 'bad'.*lora, full"):
         ES(mean="bad")
+
+
+# -- runs through the real CLI on the tiny model ------------------------------------------------
+
+FULL = [
+    "es.mean=full",
+    "logger=none",
+    "callbacks.checkpoint.every=2",
+    "callbacks.checkpoint.keep=2",
+]
+MODEL_FILE = Path("model") / "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Path:
+    """The default demo (conciseness, 40 generations of 16) in full mode, uninterrupted."""
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    proc = run_cli([*FULL, f"hydra.run.dir={run_dir}"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_demo_learns_in_full_mode(full_run: Path) -> None:
+    """Held-out conciseness reward improves as in lora mode's test_default_demo_learns (the
+    default es config: -57.1 -> -6.2 here); no KL is logged (the base is the mean)."""
+    records = read_results(full_run)
+    evals = [(r["generation"], r["eval/reward_mean"]) for r in records if "eval/reward_mean" in r]
+    assert [g for g, _ in evals] == [0, 10, 20, 30, 40]
+    assert evals[-1][1] >= evals[0][1] + 10.0, evals
+    assert not any("eval/kl_mean" in r for r in records)
+    assert all(r["es/update_rel"] > 0 for r in records if "es/update_norm" in r)
+    assert not (full_run / "adapter").exists()
+
+
+def test_exported_model_loads_in_transformers_with_the_engines_logits(
+    full_run: Path, tiny_model_dir: str
+) -> None:
+    """<run>/model is a plain transformers directory (config, tokenizer, safetensors) that
+    loads with no merge, and gives the logits of the engine whose base weights were set from
+    the final fp32 master; the fast path, refreshed in place, generates what a fresh engine on
+    the exported model generates."""
+    model_dir = full_run / "model"
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= {
+        p.name for p in model_dir.iterdir()
+    }
+    exported = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    master = latest_checkpoint(full_run / "checkpoints")
+    assert master is not None and master.generation == 40
+    layout = LoraLayout.from_hf_config(exported.config, LoraSpec())
+    names = [f"{t.path}.weight" for t in layout.targets]
+    engine = LocalEngine(tiny_model_dir, layout, device="cpu")
+    assert engine.fast is not None
+    prompts = ["Solve: 3 + 5 =", "What is the capital of France?"]
+    sampling = Sampling(max_new_tokens=12, temperature=0.0)
+    before = engine.generate(prompts, None, sampling, seed=0)  # graphs/buffers built first
+    engine.update_base_weights(dict(zip(names, master.es["mean"], strict=True)))
+    ids = tokenizer(prompts[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(engine.model(ids).logits, exported(ids).logits)
+    after = engine.generate(prompts, None, sampling, seed=0)
+    fresh = LocalEngine(str(model_dir), layout, device="cpu").generate(prompts, None, sampling, 0)
+    assert after == fresh and after != before
+
+
+def test_killed_full_run_resumes_to_the_byte_identical_model(
+    full_run: Path, tmp_path: Path
+) -> None:
+    """SIGKILLed after its first checkpoint and resumed, the run writes the same model file
+    (byte for byte) and the same records as the uninterrupted run: the fp32 master is the
+    state, and the engine's weights are set from it on resume."""
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "evolm", *FULL, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        first = run_dir / "checkpoints" / "gen-000002.pt.sha256"
+        deadline = time.monotonic() + 120
+        while not first.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.002)
+        time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (run_dir / MODEL_FILE).exists()
+    resumed = run_cli([f"resume={run_dir}"], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (run_dir / MODEL_FILE).read_bytes() == (full_run / MODEL_FILE).read_bytes()
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert strip(read_results(run_dir)) == strip(read_results(full_run))
+
+
+def test_full_mode_with_vllm_is_refused_before_any_model_loads(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["es.mean=full", "server=vllm", f"hydra.run.dir={tmp_path / 'run'}"], timeout=120
+    )
+    assert proc.returncode != 0
+    err = proc.stderr + proc.stdout
+    assert "es.mean" in err and "server=vllm" in err and "es.mean=lora" in err, err[-2000:]
+    assert "Traceback" not in err
+
+
+def test_bad_mean_on_the_command_line(tmp_path: Path) -> None:
+    proc = run_cli(["es.mean=bad", f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
+    assert proc.returncode != 0
+    err = proc.stderr + proc.stdout
+    assert "es.mean" in err and "'bad'" in err and "lora, full" in err, err[-2000:]
