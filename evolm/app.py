@@ -470,11 +470,10 @@ def full_shapes(layout: LoraLayout) -> list[tuple[int, int]]:
 
 
 def base_weights(model_path: str, layout: LoraLayout, device: torch.device) -> list[torch.Tensor]:
-    """The adapted modules' weights as the model's files hold them, fp32, on ``device``: the
-    master's start (read from the safetensors files, no model load)."""
-    return [
-        w.to(device, torch.float32) for w in target_weights(local_model_dir(model_path), layout)
-    ]
+    """The adapted modules' weights as the model's files hold them (their dtype: ``FullES.init``
+    makes the one fp32 master copy), on ``device``, read from the safetensors files (no model
+    load)."""
+    return [w.to(device) for w in target_weights(local_model_dir(model_path), layout)]
 
 
 def master_on_device(state: ESState, comm: dist.Comm) -> ESState:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -218,3 +219,26 @@ def test_bad_mean_on_the_command_line(tmp_path: Path) -> None:
     assert proc.returncode != 0
     err = proc.stderr + proc.stdout
     assert "es.mean" in err and "'bad'" in err and "lora, full" in err, err[-2000:]
+
+
+def test_gpu_measurement_script_runs_on_cpu_at_a_tiny_shape(tmp_path: Path) -> None:
+    """launchers/full_mode_gpu.py (the lead runs it on a GPU) writes its JSON: (a) the fp32
+    master's cosine >= 0.9999 and the bf16 one reported, (b) no OOM, (c) fold-in shares."""
+    out = tmp_path / "full.json"
+    args = ["--device", "cpu", "--big-shape", "tiny", "--small-shape", "tiny", "--ranks", "1"]
+    args += ["4", "--population", "16", "--fidelity-population", "8", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "launchers/full_mode_gpu.py", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for rank in ("rank1", "rank4"):
+        assert result["fidelity"][rank]["cosine_master_fp32"] >= 0.9999
+        assert 0 < result["fidelity"][rank]["cosine_working_bf16"] < 1
+        assert result["memory"][rank]["oom"] is False
+    assert {"pop16_rank1", "pop30_rank4"} <= result["fold_in_cost"].keys()
+    assert all(0 < v["share_of_wreal"] < 1 for k, v in result["fold_in_cost"].items() if "pop" in k)
