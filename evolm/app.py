@@ -434,7 +434,7 @@ def train(cfg: DictConfig) -> float | list[float]:
     return metric(summary, cfg.optimized_metric)
 
 
-FULL_SERVERS = ("evolm.engine.local.LocalEngine",)
+FULL_SERVERS = ("evolm.engine.local.LocalEngine", "evolm.server.sglang.sglang_servers")
 """The engines whose base weights ``es.mean=full`` can replace (``Engine.update_base_weights``)."""
 
 
@@ -451,9 +451,9 @@ def check_full_mode(cfg: DictConfig) -> None:
         raise ConfigError(
             "es.mean",
             f"full replaces the served base weights after every update; server="
-            f"{server or target} cannot (vLLM has no endpoint that reloads weights from a "
-            "folder, and the SGLang client does not use /update_weights_from_disk yet)",
-            "use server=local with es.mean=full, or es.mean=lora with this server",
+            f"{server or target} cannot (vLLM has no HTTP endpoint that reloads the served "
+            "weights: docs/servers.md)",
+            "use server=local or server=sglang with es.mean=full, or es.mean=lora with this server",
         )
 
 

@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from evolm.checkpoint import latest_checkpoint
 from evolm.engine.local import LocalEngine
@@ -242,3 +244,66 @@ def test_gpu_measurement_script_runs_on_cpu_at_a_tiny_shape(tmp_path: Path) -> N
         assert result["memory"][rank]["oom"] is False
     assert {"pop16_rank1", "pop30_rank4"} <= result["fold_in_cost"].keys()
     assert all(0 < v["share_of_wreal"] < 1 for k, v in result["fold_in_cost"].items() if "pop" in k)
+
+
+# -- server=sglang: /update_weights_from_disk (the stand-in enforces SGLang's contract) ---------
+
+STANDIN = "evolm.testing.sglang_standin"
+SHORT = ["generations=4", "eval_every=2", "es.population_size=4", "task.max_new_tokens=8"]
+
+
+def test_full_mode_on_sglang_equals_local(tmp_path: Path, tiny_model_dir: str) -> None:
+    """server=sglang refreshes the served base through /update_weights_from_disk after every
+    update: the run's records and final model equal server=local's, byte for byte (a server
+    that kept its launch weights would score other members from generation 2 on)."""
+    runs = {}
+    for name, extra in (
+        ("local", []),
+        ("sglang", ["server=sglang", f"server.launch_module={STANDIN}"]),
+    ):
+        run_dir = tmp_path / name
+        proc = run_cli([*SHORT, "es.mean=full", "logger=none", *extra, f"hydra.run.dir={run_dir}"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = run_dir
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert strip(read_results(runs["sglang"])) == strip(read_results(runs["local"]))
+    model = (runs["sglang"] / MODEL_FILE).read_bytes()
+    assert model == (runs["local"] / MODEL_FILE).read_bytes()
+
+
+def test_standin_enforces_update_weights_from_disk_contract(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
+    """model_path required, only UpdateWeightFromDiskReqInput's fields, a folder with
+    safetensors of the model's own tensors: else 400 and the served weights are unchanged."""
+    from evolm.model.full import save_model
+    from evolm.server.sglang import SGLangEngine
+
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec())
+    engine = SGLangEngine(tiny_model_dir, layout, launch_module=STANDIN, startup_timeout_s=120)
+    try:
+        url = f"{engine.url}/update_weights_from_disk"
+        prompts, sampling = ["Solve: 3 + 5 ="], Sampling(max_new_tokens=8)
+        base = engine.generate(prompts, None, sampling, seed=0)
+        for body in ({}, {"model_path": str(tmp_path)}, {"model_path": tiny_model_dir, "x": 1}):
+            answer = requests.post(url, json=body, timeout=30)
+            assert answer.status_code == 400, (body, answer.text)
+        wrong = tmp_path / "wrong"
+        wrong.mkdir()
+        save_file(
+            {"model.layers.0.mlp.up_proj.weight": torch.zeros(3, 3)}, str(wrong / "m.safetensors")
+        )
+        answer = requests.post(url, json={"model_path": str(wrong)}, timeout=30)
+        assert answer.status_code == 400 and answer.json()["success"] is False
+        assert engine.generate(prompts, None, sampling, seed=0) == base
+        target = layout.targets[0]
+        zero = {f"{target.path}.weight": torch.zeros(target.out_features, target.in_features)}
+        new = save_model(tmp_path / "new", tiny_model_dir, zero)
+        engine.update_base_weights(zero)
+        assert engine.generate(prompts, None, sampling, seed=0) != base
+        fresh = LocalEngine(str(new), layout, device="cpu")
+        assert engine.generate(prompts, None, sampling, seed=0) == fresh.generate(
+            prompts, None, sampling, 0
+        )
+    finally:
+        engine.close()
