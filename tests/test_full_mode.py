@@ -307,3 +307,14 @@ def test_standin_enforces_update_weights_from_disk_contract(
         )
     finally:
         engine.close()
+
+
+def test_export_of_a_full_run_points_at_its_model(full_run: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "evolm.export", str(full_run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "already a plain transformers model" in proc.stderr
