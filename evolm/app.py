@@ -404,6 +404,9 @@ def train(cfg: DictConfig) -> float | list[float]:
         stateful=stateful,
     )
     if isinstance(strategy, FullES):
+        dtype = getattr(engine, "dtype", None)  # the local engine's: members cast once to it
+        if isinstance(dtype, torch.dtype) and dtype != torch.float32:
+            strategy = replace(strategy, member_dtype=dtype)
         state = (
             master_on_device(on_device(ESState.from_state_dict(checkpoint.es), comm), comm)
             if checkpoint is not None

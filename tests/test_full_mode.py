@@ -318,3 +318,26 @@ def test_export_of_a_full_run_points_at_its_model(full_run: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "already a plain transformers model" in proc.stderr
+
+
+def test_update_base_weights_refreshes_fused_and_fp8_weights_in_place(tiny_model_dir: str) -> None:
+    """The fast path's fused buffer holds the new weight (the same storage: CUDA graphs over it
+    stay valid), its fp8 copy is requantized in place, and an unknown name is an error."""
+    from evolm.engine.fast.fp8 import Fp8Weight
+
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec())
+    engine = LocalEngine(tiny_model_dir, layout, device="cpu", quantization="fp8")
+    assert engine.fast is not None
+    qkv = engine.fast.model.layers[0].qkv
+    q = layout.targets[0]
+    assert q.path.endswith("0.self_attn.q_proj")
+    ptrs = (qkv.weight.data_ptr(), qkv.fp8.weight.data_ptr(), qkv.fp8.scale.data_ptr())
+    new = torch.randn(q.out_features, q.in_features, generator=torch.Generator().manual_seed(0))
+    engine.update_base_weights({f"{q.path}.weight": new})
+    assert (qkv.weight.data_ptr(), qkv.fp8.weight.data_ptr(), qkv.fp8.scale.data_ptr()) == ptrs
+    assert torch.equal(qkv.weight[: q.out_features], new)
+    fresh = Fp8Weight.quantize(qkv.weight[: qkv.out])
+    assert torch.equal(qkv.fp8.weight.float(), fresh.weight.float())
+    assert torch.equal(qkv.fp8.scale, fresh.scale)
+    with pytest.raises(AttributeError):
+        engine.update_base_weights({"model.layers.0.self_attn.nope.weight": new})
