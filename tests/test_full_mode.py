@@ -341,3 +341,25 @@ def test_update_base_weights_refreshes_fused_and_fp8_weights_in_place(tiny_model
     assert torch.equal(qkv.fp8.scale, fresh.scale)
     with pytest.raises(AttributeError):
         engine.update_base_weights({"model.layers.0.self_attn.nope.weight": new})
+
+
+def test_interrupt_after_an_in_place_fold_saves_no_mislabelled_checkpoint(tmp_path: Path) -> None:
+    """A stop after FullES.tell moved generation g's tensors to g+1 (before g+1 is emitted)
+    must not checkpoint them as generation g: the last periodic checkpoint stays the newest."""
+    from evolm.checkpoint import Checkpointer, checkpoints
+    from evolm.interrupt import Interrupted
+    from evolm.loop import RunContext
+
+    strat = full_es()
+    state = strat.init(weights(), seed=0)
+    ctx = RunContext(tmp_path, 10, LoraLayout((), 1, 1.0, 1), "base")
+    saver = Checkpointer(every=5, keep=2)
+    saver.on_run_start(ctx, state)
+    for g in (1, 2):
+        pop = strat.ask(state)
+        state, _ = strat.tell(state, pop, torch.randn(len(pop)))
+        saver.on_generation_end(ctx, {"generation": g}, state)
+    pop = strat.ask(state)
+    strat.tell(state, pop, torch.randn(len(pop)))  # generation 3's fold: state 2 is consumed
+    saver.on_run_error(ctx, Interrupted(signal.SIGTERM))
+    assert checkpoints(tmp_path / "checkpoints") == []
