@@ -255,10 +255,13 @@ class ESLoop:
             self.engine, self.task, examples, adapters, self.seed + generation, self.comm
         )
         told = time.perf_counter()
+        timings = dict(self.engine.last_timings)  # prefill/decode; servers: adapter I/O
         with deferred():  # full mode folds in place: the master and the engine move together
             state, stats = self.strategy.tell(state, pop, ev.fitness)
             if isinstance(self.strategy, FullES) and math.isfinite(stats.mean_norm):
+                refresh = time.perf_counter()
                 self.engine.update_base_weights(self.strategy.named(state))
+                timings["base_update_s"] = time.perf_counter() - refresh
         check_finite_mean(stats.mean_norm, generation, self.strategy)
         checked = time.perf_counter()
         self.comm.check_same(state.mean, f"the ES mean after generation {generation}")
@@ -273,7 +276,7 @@ class ESLoop:
             score_s=ev.score_s,
             es_s=es_s,
             generation_s=time.perf_counter() - start,
-            engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
+            engine_timings=timings,  # full mode: + base_update_s (in es_s too)
             comm_s=comm_s if self.comm.world_size > 1 else None,
             diagnostics=generation_diagnostics(ev, pop),
             weight_change=self.weight_change(before, state, stats),
