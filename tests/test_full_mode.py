@@ -22,7 +22,7 @@ from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.es.lowrank import FullES, cosine
-from evolm.lora import LoraLayout, LoraSpec
+from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
 from tests.helpers import REPO, read_results, run_cli
 
@@ -364,3 +364,30 @@ def test_interrupt_after_an_in_place_fold_saves_no_mislabelled_checkpoint(tmp_pa
     strat.tell(state, pop, torch.randn(len(pop)))  # generation 3's fold: state 2 is consumed
     saver.on_run_error(ctx, Interrupted(signal.SIGTERM))
     assert checkpoints(tmp_path / "checkpoints") == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the lead runs it)")
+def test_cuda_graphs_see_updated_base_weights(tmp_path: Path, tiny_model_dir: str) -> None:
+    """On a GPU (bf16, CUDA graphs captured by a first generation), update_base_weights changes
+    what the captured graphs compute: greedy outputs equal a fresh engine's on the model with
+    those weights (rounded to bf16 the same way)."""
+    from evolm.model.full import save_model
+
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec())
+    engine = LocalEngine(tiny_model_dir, layout, device="cuda")
+    prompts = ["Solve: 3 + 5 =", "What is the capital of France?"]
+    sampling = Sampling(max_new_tokens=16)
+    factors = [torch.randn(s) * 0.01 for s in layout.shapes()]
+    adapters = LoraPopulation(layout, tuple(t.unsqueeze(0).repeat(3, 1, 1) for t in factors))
+    engine.generate(prompts, adapters, sampling, seed=0)  # buffers and graphs exist now
+    gen = torch.Generator().manual_seed(0)
+    named = {
+        f"{t.path}.weight": torch.randn(t.out_features, t.in_features, generator=gen) * 0.05
+        for t in layout.targets
+    }
+    engine.update_base_weights(named)
+    after = engine.generate(prompts, adapters, sampling, seed=0)
+    fresh = LocalEngine(
+        str(save_model(tmp_path / "m", tiny_model_dir, named)), layout, device="cuda"
+    )
+    assert after == fresh.generate(prompts, adapters, sampling, seed=0)
