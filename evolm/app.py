@@ -13,7 +13,7 @@ import logging
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from transformers import AutoConfig
 from evolm import agreement, dist, limits, trust
 from evolm.callbacks import Callback, RunContext, Stateful
 from evolm.callbacks.adapter import AdapterWriter
+from evolm.callbacks.model import ModelWriter
 from evolm.checkpoint import (
     CHECKPOINT_DIR,
     Checkpoint,
@@ -39,9 +40,10 @@ from evolm.config import Config
 from evolm.engine import pool
 from evolm.errors import ConfigError
 from evolm.es import ES, ESState
+from evolm.es.lowrank import FullES
 from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_mean_scales
-from evolm.lora.norms import READ_ERRORS, weight_norm
+from evolm.lora.norms import READ_ERRORS, target_weights, weight_norm
 from evolm.model.spec import TinyModel
 from evolm.task.base import Task
 
@@ -246,7 +248,7 @@ class Parts:
     task: Any
     model_spec: Any
     lora_spec: LoraSpec
-    strategy: ES
+    strategy: ES | FullES  # built as ES; FullES once the layout is known (es.mean=full)
     make_engine: Any
     callbacks: dict[str, Callback]  # "callbacks.<name>", then "logger.<name>"
     extra_evals: dict[str, Task]  # also scored at every eval of the mean (forgetting check)
@@ -353,6 +355,7 @@ def make_loop(
     layout: LoraLayout,
     comm: dist.Comm = dist.SINGLE,
     base_norm: float | None = None,
+    writer: Callback | None = None,
 ) -> ESLoop:
     log.info(
         "ES over %d LoRA parameters (%d targets, rank %d), population %d, %d generations",
@@ -370,18 +373,19 @@ def make_loop(
         generations=cfg.generations,
         eval_every=cfg.eval_every,
         seed=cfg.seed,
-        callbacks=run_callbacks(parts, comm),
+        callbacks=run_callbacks(parts, comm, writer),
         comm=comm,
         base_norm=base_norm,
         extra_evals=parts.extra_evals,
     )
 
 
-def run_callbacks(parts: Parts, comm: dist.Comm) -> list[Callback]:
-    """The final adapter writer (first: loggers upload it) and the configured callbacks; on
-    ranks other than 0 only the callbacks marked ``every_rank`` (nothing that writes)."""
+def run_callbacks(parts: Parts, comm: dist.Comm, writer: Callback | None = None) -> list[Callback]:
+    """The final adapter writer (``writer``, default :class:`AdapterWriter`; first: loggers
+    upload it) and the configured callbacks; on ranks other than 0 only the callbacks marked
+    ``every_rank`` (nothing that writes)."""
     if comm.is_main:
-        return [AdapterWriter(), *parts.callbacks.values()]
+        return [writer or AdapterWriter(), *parts.callbacks.values()]
     return [cb for cb in parts.callbacks.values() if cb.every_rank]
 
 
@@ -398,6 +402,7 @@ def train(cfg: DictConfig) -> float | list[float]:
     else:
         trust.check_config_targets(cfg, trusted, "the config files and command line")
     check_run_keys(cfg)
+    check_full_mode(cfg)
     build = Builder(trusted)
     parts = build_parts(build, cfg)
     lora_spec, strategy, make_engine = parts.lora_spec, parts.strategy, parts.make_engine
@@ -415,8 +420,11 @@ def train(cfg: DictConfig) -> float | list[float]:
     layout = load_layout(model_path, lora_spec)
     limits.check_prompts_fit(model_path, parts.task, cfg.generations)  # the model's context
     limits.check_population_memory(layout.numel(), strategy.population_size)
+    full = strategy.mean == "full"
+    if full:
+        strategy = full_strategy(strategy, layout)
     if checkpoint is not None:
-        check_shapes(checkpoint, layout.shapes())
+        check_shapes(checkpoint, full_shapes(layout) if full else layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)
     engine = pool.open_engine(  # a multirun's trials share one engine (evolm.engine.pool)
         model_path,
@@ -437,21 +445,88 @@ def train(cfg: DictConfig) -> float | list[float]:
         history=checkpoint.records if checkpoint else [],
         stateful=stateful,
     )
-    state = (
-        on_device(ESState.from_state_dict(checkpoint.es), comm)
-        if checkpoint is not None
-        else strategy.init(
-            initial_mean(layout, lora_spec, scales, cfg.seed, comm.device),
-            cfg.seed,
-            es_scales(lora_spec, scales),  # es.sigma in lora.sigma_units
+    if isinstance(strategy, FullES):
+        dtype = getattr(engine, "dtype", None)  # the local engine's: members cast once to it
+        if isinstance(dtype, torch.dtype) and dtype != torch.float32:
+            strategy = replace(strategy, member_dtype=dtype)
+        state = (
+            master_on_device(on_device(ESState.from_state_dict(checkpoint.es), comm), comm)
+            if checkpoint is not None
+            else strategy.init(base_weights(model_path, layout, comm.device), cfg.seed, scales[::2])
         )
-    )
-    loop = make_loop(cfg, parts, engine, layout, comm, base_weight_norm(model_path, layout))
+        engine.update_base_weights(strategy.named(state))  # a resumed run's master
+        writer: Callback = ModelWriter(local_model_dir(model_path), strategy.names)
+    else:
+        state = (
+            on_device(ESState.from_state_dict(checkpoint.es), comm)
+            if checkpoint is not None
+            else strategy.init(
+                initial_mean(layout, lora_spec, scales, cfg.seed, comm.device),
+                cfg.seed,
+                es_scales(lora_spec, scales),  # es.sigma in lora.sigma_units
+            )
+        )
+        writer = AdapterWriter()
+    parts = replace(parts, strategy=strategy)
+    loop = make_loop(cfg, parts, engine, layout, comm, base_weight_norm(model_path, layout), writer)
     try:
         state, summary = loop.run(state, ctx)
     finally:
+        if full:  # a pooled engine serves the next trial from the base weights again
+            original = base_weights(model_path, layout, torch.device("cpu"))
+            engine.update_base_weights(dict(zip(strategy.names, original, strict=True)))
         pool.release(engine)
     return metric(summary, cfg.optimized_metric)
+
+
+FULL_SERVERS = ("evolm.engine.local.LocalEngine", "evolm.server.sglang.sglang_servers")
+"""The engines whose base weights ``es.mean=full`` can replace (``Engine.update_base_weights``)."""
+
+
+def check_full_mode(cfg: DictConfig) -> None:
+    """``es.mean=full`` needs an engine that can replace its base weights: a ConfigError naming
+    both keys otherwise, before any model loads."""
+    if cfg.es.get("mean", "lora") != "full":
+        return
+    target = str(cfg.server.get("_target_", ""))
+    if target not in FULL_SERVERS:
+        server = (
+            HydraConfig.get().runtime.choices.get("server") if HydraConfig.initialized() else None
+        )
+        raise ConfigError(
+            "es.mean",
+            f"full replaces the served base weights after every update; server="
+            f"{server or target} cannot (vLLM has no HTTP endpoint that reloads the served "
+            "weights: docs/servers.md)",
+            "use server=local or server=sglang with es.mean=full, or es.mean=lora with this server",
+        )
+
+
+def full_strategy(es: ES, layout: LoraLayout) -> FullES:
+    """``es.mean=full``: ES over the adapted modules' full weights, members served as LoRA
+    adapters of ``layout``'s rank (:mod:`evolm.es.lowrank`)."""
+    names = tuple(f"{t.path}.weight" for t in layout.targets)
+    return FullES(es, rank=layout.rank, lora_scaling=layout.scaling, names=names)
+
+
+def full_shapes(layout: LoraLayout) -> list[tuple[int, int]]:
+    """The shapes of ``es.mean=full``'s mean: every adapted weight, ``(out, in)``."""
+    return [(t.out_features, t.in_features) for t in layout.targets]
+
+
+def base_weights(model_path: str, layout: LoraLayout, device: torch.device) -> list[torch.Tensor]:
+    """The adapted modules' weights as the model's files hold them (their dtype: ``FullES.init``
+    makes the one fp32 master copy), on ``device``, read from the safetensors files (no model
+    load)."""
+    return [w.to(device) for w in target_weights(local_model_dir(model_path), layout)]
+
+
+def master_on_device(state: ESState, comm: dist.Comm) -> ESState:
+    """A restored full-mode state's master (and Adam moments) on this rank's device."""
+    state.mean = [m.to(comm.device) for m in state.mean]
+    if state.opt:
+        state.opt = {**state.opt, **{k: [x.to(comm.device) for x in state.opt[k]] for k in "mv"}}
+    return state
 
 
 def initial_mean(

@@ -123,6 +123,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--name", default="evolm", help="the adapter's name on a server")
     args = parser.parse_args(argv)
+    if (args.run_dir / "model" / "config.json").is_file():
+        parser.error(
+            f"{args.run_dir} is an es.mean=full run: {args.run_dir / 'model'} is already a plain "
+            "transformers model (config, tokenizer, safetensors); load or serve it as it is"
+        )
     if not (args.run_dir / "adapter" / "adapter_config.json").is_file():
         parser.error(
             f"{args.run_dir}/adapter/adapter_config.json does not exist: a finished run "

@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from torch import Tensor
+
 from evolm import metrics as M
 from evolm.callbacks.base import Callback, RunContext, Sample, latest_eval
 from evolm.callbacks.record import GenerationRecord, Record
@@ -21,8 +23,10 @@ from evolm.diagnostics import pair_agreement
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
-from evolm.es import ES, ESState, Population
+from evolm.es import ES, ESState, Population, TellStats
+from evolm.es.lowrank import FullES
 from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
+from evolm.interrupt import deferred
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.norms import delta_norm
 from evolm.task.base import Task
@@ -38,7 +42,7 @@ def generation_diagnostics(ev: Evaluation, pop: Population) -> dict[str, float]:
     return {**ev.diagnostics, **pairs}
 
 
-def check_finite_mean(mean_norm: float, generation: int, strategy: ES) -> None:
+def check_finite_mean(mean_norm: float, generation: int, strategy: ES | FullES) -> None:
     """Stop the run (before the generation is logged or checkpointed) once the ES mean holds a
     NaN or an infinity: every later generation, checkpoint and adapter would be garbage."""
     if not math.isfinite(mean_norm):
@@ -55,7 +59,7 @@ class ESLoop:
     """Runs ``generations`` ES updates from ``state``; evaluates the mean on the eval split at
     the start, every ``eval_every`` generations and at the end."""
 
-    strategy: ES
+    strategy: ES | FullES  # FullES: es.mean=full, the engine's base weights are the mean
     task: Task
     engine: Engine
     layout: LoraLayout
@@ -70,13 +74,14 @@ class ESLoop:
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
-        mean = LoraPopulation.single(self.layout, state.mean)
+        mean = LoraPopulation.single(self.layout, self.mean_adapter(state))
         examples = self.task.eval_examples()
         ev = evaluate(self.engine, self.task, examples, mean, self.seed, self.comm)
         metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
         metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
-        kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
-        metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
+        if not self.full:  # full: the engine's base IS the mean, its KL to itself says nothing
+            kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
+            metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
         for name, task in self.extra_evals.items():  # what ES costs on tasks it does not train
             extra = evaluate(self.engine, task, task.eval_examples(), mean, self.seed, self.comm)
             metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
@@ -91,11 +96,27 @@ class ESLoop:
         ]
         return {**metrics, M.EVAL_S: time.perf_counter() - start}, samples
 
-    def weight_change(self, before: ESState, after: ESState) -> dict[str, float]:
+    @property
+    def full(self) -> bool:
+        """``es.mean=full``: the mean is the base weights, members are low-rank perturbations."""
+        return isinstance(self.strategy, FullES)
+
+    def mean_adapter(self, state: ESState) -> list[Tensor]:
+        """The mean as an adapter: the ES mean (lora), or zeros (full: the base is the mean)."""
+        if isinstance(self.strategy, FullES):
+            return self.strategy.zero_adapter(state)
+        return state.mean
+
+    def weight_change(
+        self, before: ESState, after: ESState, stats: TellStats | None = None
+    ) -> dict[str, float]:
         """es/update_rel and es/mean_rel (:mod:`evolm.lora.norms`): the update's and the mean's
-        change to the adapted weights, relative to them (none without ``base_norm``)."""
+        change to the adapted weights, relative to them (none without ``base_norm``; full mode:
+        update_rel alone, from ``stats``)."""
         if not self.base_norm:
             return {}
+        if self.full:
+            return {} if stats is None else {M.UPDATE_REL: stats.update_norm / self.base_norm}
         step = delta_norm(self.layout, after.mean, before.mean)
         total = delta_norm(self.layout, after.mean, None)
         return {M.UPDATE_REL: step / self.base_norm, M.MEAN_REL: total / self.base_norm}
@@ -112,7 +133,13 @@ class ESLoop:
             self.engine, self.task, examples, adapters, self.seed + generation, self.comm
         )
         told = time.perf_counter()
-        state, stats = self.strategy.tell(state, pop, ev.fitness)
+        timings = dict(self.engine.last_timings)  # prefill/decode; servers: adapter I/O
+        with deferred():  # full mode folds in place: the master and the engine move together
+            state, stats = self.strategy.tell(state, pop, ev.fitness)
+            if isinstance(self.strategy, FullES) and math.isfinite(stats.mean_norm):
+                refresh = time.perf_counter()
+                self.engine.update_base_weights(self.strategy.named(state))
+                timings["base_update_s"] = time.perf_counter() - refresh
         check_finite_mean(stats.mean_norm, generation, self.strategy)
         checked = time.perf_counter()
         self.comm.check_same(state.mean, f"the ES mean after generation {generation}")
@@ -127,10 +154,10 @@ class ESLoop:
             score_s=ev.score_s,
             es_s=es_s,
             generation_s=time.perf_counter() - start,
-            engine_timings=self.engine.last_timings,  # prefill/decode; servers: adapter I/O
+            engine_timings=timings,  # full mode: + base_update_s (in es_s too)
             comm_s=comm_s if self.comm.world_size > 1 else None,
             diagnostics=generation_diagnostics(ev, pop),
-            weight_change=self.weight_change(before, state),
+            weight_change=self.weight_change(before, state, stats),
         )
         return state, record
 

@@ -53,6 +53,14 @@ class Checkpointer(Callback):
         if stop is None or self.unsaved is None:
             return
         state, extra, count = self.unsaved
+        if state.consumed:  # es.mean=full updated its mean in place since: not that generation's
+            log.warning(
+                "%s: generation %d's mean was already being updated in place (es.mean=full); "
+                "the last checkpoint is kept",
+                stop.name,
+                state.generation,
+            )
+            return
         try:
             path = self.save(ctx, state, extra, count)
         except RunAborted as e:  # the disk is full: the interruption stays the error

@@ -3,7 +3,9 @@
 Every engine, in-process (:mod:`evolm.engine.local`) or a client of a remote server
 (:mod:`evolm.server`), subclasses :class:`Engine`: the three required methods have no default,
 the optional hooks (:attr:`Engine.last_timings`, :meth:`Engine.use_layout`) have no-op ones, so
-callers use them without probing (:meth:`Engine.kl_to_base` too: None where unsupported).
+callers use them without probing (:meth:`Engine.kl_to_base` too: None where unsupported;
+:meth:`Engine.update_base_weights`, for ``es.mean=full``, raises a ConfigError where
+unsupported).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from torch import Tensor
+
+from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
 
@@ -117,6 +122,17 @@ class Engine(Protocol):
         distribution that produced it (teacher-forced, temperature 1), adapted by the one
         member of ``adapter``; None where the engine cannot score (servers)."""
         return None
+
+    def update_base_weights(self, named: Mapping[str, Tensor]) -> None:
+        """Replace the served base weights named in ``named`` (parameter names, e.g.
+        ``model.layers.0.self_attn.q_proj.weight``; fp32 tensors, cast to the engine's dtype)
+        in place: ``es.mean=full`` calls it after every update. Engines that cannot raise a
+        ConfigError naming ``es.mean`` (this default)."""
+        raise ConfigError(
+            "es.mean",
+            f"full needs an engine that can replace its base weights; {type(self).__name__} cannot",
+            "use es.mean=lora, or server=local (or server=sglang) with es.mean=full",
+        )
 
     def use_layout(self, layout: LoraLayout) -> None:
         """Serve adapters of ``layout`` from now on (a sweep trial reusing this engine with

@@ -235,6 +235,18 @@ class LocalEngine(Engine):
         self.layout, self.layers = layout, attach(self.model, layout)
         self.reset_fast_path()  # grouped buffers are sized by the rank; graphs hold old buffers
 
+    def update_base_weights(self, named: Mapping[str, torch.Tensor]) -> None:
+        """``es.mean=full``: copy ``named`` (e.g. the fp32 master) into the model's weights in
+        place (one rounding to the engine's dtype); the fast path's fused buffers are those
+        weights, and their fp8 copies are requantized in place, so CUDA graphs stay valid."""
+        from evolm.engine.fast.weights import base_linear, refresh_fp8, update_weights
+
+        changed = update_weights(self.model, named)
+        if self.scheduler is not None and self.scheduler.model.quantized:
+            ids = {id(m) for m in changed}
+            projs = self.scheduler.model.projections()
+            refresh_fp8([p for p in projs if any(id(base_linear(m)) in ids for m in p.modules)])
+
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return chat_prompt(self.tokenizer, messages)
 

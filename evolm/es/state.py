@@ -42,6 +42,9 @@ class ESState:
     scales: list[float] = field(default_factory=list)  # per-tensor noise multipliers
     noise_device: str = "cpu"  # noise is drawn here in sample() and tell(): keep it fixed
     opt: OptState = field(default_factory=dict)
+    consumed: bool = field(default=False, compare=False)
+    """Set by ``FullES.tell``, which updates the mean in place: this state's tensors hold the
+    NEXT generation's mean, so it must not be checkpointed (not part of :meth:`state_dict`)."""
 
     def state_dict(self) -> dict[str, Any]:
         """A dict of builtins and tensors, loadable with ``torch.load(weights_only=True)``."""

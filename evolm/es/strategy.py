@@ -34,6 +34,7 @@ from evolm.es.shaping import SHAPINGS
 from evolm.es.state import ESState, Population, TellStats
 
 UPDATES = ("paper", "natural", "openai")
+MEANS = ("lora", "full")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ class ES:
     """Adam's second-moment decay."""
     eps: float = 1e-8
     """Adam's denominator epsilon."""
+    mean: str = "lora"
+    """What ES moves: "lora" (the mean is a LoRA adapter, rank-limited) or "full" (the mean is
+    the adapted modules' full weights in fp32, each member a low-rank perturbation of them:
+    :class:`evolm.es.lowrank.FullES`, built by the composition root). This class is the lora
+    mode's strategy; in full mode it holds the shared hyperparameters."""
 
     def __post_init__(self) -> None:
         n = self.population_size
@@ -99,7 +105,12 @@ class ES:
                 f"must be > 0 and finite, got {value}",
                 f"set es.{key} > 0, e.g. {example}",
             )
-        for key, valid in (("shaping", SHAPINGS), ("update", UPDATES), ("optimizer", OPTIMIZERS)):
+        for key, valid in (
+            ("shaping", SHAPINGS),
+            ("update", UPDATES),
+            ("optimizer", OPTIMIZERS),
+            ("mean", MEANS),
+        ):
             value, names = getattr(self, key), ", ".join(valid)
             _check(
                 value in valid,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from evolm.engine.base import Engine, Row
 from evolm.lora.layout import LoraLayout, LoraPopulation
@@ -98,6 +99,11 @@ class Fleet(Engine):
     @property
     def last_timings(self) -> dict[str, float]:
         return dict(self._timings)
+
+    def update_base_weights(self, named: Mapping[str, Any]) -> None:
+        """``es.mean=full``: every server loads the new base weights."""
+        for engine in self.engines:
+            engine.update_base_weights(named)
 
     def use_layout(self, layout: LoraLayout) -> None:
         for engine in self.engines:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,47 @@ class SGLangEngine(RemoteEngine):
         slots = int(info.get("max_loras_per_batch") or 0)
         self._check_fit(rank, modules, slots, server=self.url)
         self.slots = slots
+
+    base_version = 0  # the base weights sent with update_base_weights (0: the launch model's)
+
+    def update_base_weights(self, named: Mapping[str, torch.Tensor]) -> None:
+        """``es.mean=full``: write the model with ``named`` swapped in (a plain model
+        directory, the base's dtype; :mod:`evolm.model.full`) beside the staged adapters, and
+        have the server load it with ``POST /update_weights_from_disk`` (``model_path``;
+        ``flush_cache``: the prefix cache holds the old weights' KV). The previous one is
+        deleted once the server answers success; a restarted server gets it again."""
+        from evolm.model.full import save_model
+
+        if not Path(self.model_path).is_dir():
+            raise ConfigError(
+                "model",
+                f"es.mean=full with server=sglang writes the base model's folder with new "
+                f"weights, and {self.model_path!r} is not a folder",
+                "point the model at a local folder (model.cache_dir)",
+            )
+        self.base_version += 1
+        path = self.stage.root / f"base-{self.base_version:06d}"
+        save_model(path, self.model_path, named)
+        self._send_base(path)
+        old = self.stage.root / f"base-{self.base_version - 1:06d}"
+        shutil.rmtree(old, ignore_errors=True)
+        self.base_path: Path | None = path
+
+    def _send_base(self, path: Path) -> None:
+        try:
+            answer = self.server.request(
+                "POST", "/update_weights_from_disk", {"model_path": str(path), "flush_cache": True}
+            ).json()
+        except ServerError as e:
+            raise RuntimeError(f"SGLang could not load the base weights from {path}: {e}") from e
+        if not (isinstance(answer, dict) and answer.get("success")):
+            raise RuntimeError(f"SGLang did not load the base weights from {path}: {answer}")
+
+    def _restart(self, reason: str) -> None:
+        super()._restart(reason)
+        current = getattr(self, "base_path", None)
+        if current is not None:  # a relaunched server starts from the launch model again
+            self._send_base(current)
 
     def load(self, name: str, path: str) -> None:
         try:

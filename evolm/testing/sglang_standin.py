@@ -12,6 +12,11 @@ Emulated: ``GET /health``, ``/health_generate``, ``/model_info``, ``/server_info
 ``POST /load_lora_adapter`` ``{lora_name, lora_path}`` -> ``{success, error_message,
 loaded_adapters}``, 400 on a duplicate name, a bad path, a rank above ``--max-lora-rank`` or target
 modules that are not served; ``POST /unload_lora_adapter`` (400 for an unknown name);
+``POST /update_weights_from_disk`` ``{model_path, flush_cache?, ...}`` (the fields of SGLang's
+``UpdateWeightFromDiskReqInput``; others are a 400) -> ``{success, message,
+num_paused_requests}``: the safetensors files in ``model_path`` replace the served weights (400
+with ``success: false`` and nothing changed when a tensor is not one of the model's or the
+folder holds none; ``/model_info`` then reports the new path, as SGLang does);
 ``POST /generate`` with ``text`` (str or list), ``sampling_params`` (``max_new_tokens``,
 ``temperature``, ``top_p``, ``sampling_seed``) and ``lora_path`` (a loaded adapter NAME or null
 per prompt) -> ``[{text, meta_info}]``; at most ``--max-loras-per-batch`` distinct adapters (null
@@ -40,8 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoConfig
 
+from evolm.engine.fast.weights import base_linear
 from evolm.engine.local import LocalEngine
 from evolm.lora import TARGET_MODULES, LoraLayout, LoraPopulation, LoraSpec, load_adapter
 from evolm.sampling import Sampling
@@ -53,6 +60,24 @@ SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "sampling_seed"}
 
 class BadRequest(ValueError):
     """Answered with HTTP 400."""
+
+
+class UpdateFailed(ValueError):
+    """A weight update that failed: HTTP 400 with ``{success: false, message}``."""
+
+
+UPDATE_KEYS = {  # UpdateWeightFromDiskReqInput's fields (SGLang 0.5.x)
+    "model_path",
+    "load_format",
+    "abort_all_requests",
+    "weight_version",
+    "is_async",
+    "torch_empty_cache",
+    "keep_pause",
+    "recapture_cuda_graph",
+    "token_step",
+    "flush_cache",
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,8 @@ class Standin:
         modules = args.lora_target_modules or []
         self.modules = list(TARGET_MODULES) if "all" in modules else list(modules)
         self.engines: dict[tuple[int, float], LocalEngine] = {}  # by the adapters' (r, alpha)
+        self.launch_path = args.model_path  # /update_weights_from_disk changes args.model_path
+        self.weights: dict[str, torch.Tensor] = {}  # the last /update_weights_from_disk
         rank = args.max_lora_rank or 1
         self.base = self._engine(rank, float(rank))  # loads the model before serving
         self.adapters: dict[str, Adapter] = {}
@@ -123,6 +150,38 @@ class Standin:
                 raise BadRequest(f"The LoRA adapter {name!r} is already loaded")
             self.adapters[name] = Adapter(path, rank, alpha, weights)
         log.info("loaded adapter %s (r=%d) from %s", name, rank, path)
+
+    def update_weights_from_disk(self, body: dict[str, Any]) -> str:
+        """``POST /update_weights_from_disk``: replace the served weights by those of the
+        safetensors files in ``model_path`` (every tensor must be one of the model's, of its
+        shape: else nothing changes and the error is returned, as SGLang rolls back)."""
+        unknown = sorted(set(body) - UPDATE_KEYS)
+        if unknown:
+            raise BadRequest(f"unexpected fields {unknown} (valid: {sorted(UPDATE_KEYS)})")
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("model_path is required")
+        files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
+        if not files:
+            raise UpdateFailed(f"Failed to get weights iterator: no *.safetensors in {path}")
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state |= load_file(str(file))
+        with self.engine_lock:
+            engines = list(self.engines.values())
+            for key, value in state.items():  # check all first: a failed update changes nothing
+                param = served_param(engines[0].model, key)
+                if param is None or tuple(param.shape) != tuple(value.shape):
+                    raise UpdateFailed(
+                        f"Failed to update weights: {key} {tuple(value.shape)} is not a weight of "
+                        "the served model. Rolling back to original weights."
+                    )
+            for engine in engines:
+                load_served(engine.model, state)
+            self.weights = state
+            self.args.model_path = path
+        log.info("loaded %d weights from %s", len(state), path)
+        return "Succeeded to update model weights."
 
     def unload(self, name: str) -> None:
         with self.lock:
@@ -189,8 +248,11 @@ class Standin:
         if (rank, alpha) not in self.engines:
             spec = LoraSpec(rank, alpha, self.modules or ["q_proj"])
             layout = LoraLayout.from_hf_config(self.hf_config, spec)
-            model = self.args.model_path
-            self.engines[rank, alpha] = LocalEngine(model, layout, device="cpu", dtype="float32")
+            model = self.launch_path
+            engine = LocalEngine(model, layout, device="cpu", dtype="float32")
+            if self.weights:  # weights updated since launch
+                load_served(engine.model, self.weights)
+            self.engines[rank, alpha] = engine
         return self.engines[rank, alpha]
 
     def _run(
@@ -224,6 +286,26 @@ class Standin:
                 Bs.append(B)
             tensors += [torch.stack(As), torch.stack(Bs)]
         return engine, LoraPopulation(engine.layout, tuple(tensors))
+
+
+def served_param(model: torch.nn.Module, key: str) -> torch.Tensor | None:
+    """The served model's parameter named ``key`` in the checkpoint's naming (through the LoRA
+    wrappers); None if it has none."""
+    path, _, leaf = key.rpartition(".")
+    try:
+        module = base_linear(model.get_submodule(path))
+    except AttributeError:
+        return None
+    param = getattr(module, leaf, None)
+    return param if isinstance(param, torch.Tensor) else None
+
+
+@torch.no_grad()
+def load_served(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    for key, value in state.items():
+        param = served_param(model, key)
+        assert param is not None, key
+        param.data.copy_(value)
 
 
 def meta_info(text: str) -> dict[str, Any]:
@@ -274,6 +356,15 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, out[0] if single else out)
             elif path in ("/load_lora_adapter", "/unload_lora_adapter"):
                 self._adapter_op(path, body)
+            elif path == "/update_weights_from_disk":
+                try:
+                    message = s.update_weights_from_disk(body)
+                except UpdateFailed as e:
+                    answer = {"success": False, "message": str(e), "num_paused_requests": 0}
+                    self._send(HTTPStatus.BAD_REQUEST, answer)
+                    return
+                answer = {"success": True, "message": message, "num_paused_requests": 0}
+                self._send(HTTPStatus.OK, answer)
             else:
                 self._send(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
         except (BadRequest, json.JSONDecodeError, TypeError, KeyError) as e:

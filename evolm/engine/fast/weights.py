@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor, nn
 
@@ -96,3 +98,37 @@ class Proj:
     def project(self, x: Tensor, lora: GroupLora | None) -> tuple[Tensor, RankActs | None]:
         """``(bias + x W^T, u)``: see :func:`evolm.engine.fast.lora.project`."""
         return project(x, self.weight, self.bias, self.out, lora, self.fp8)
+
+
+@torch.no_grad()
+def update_weights(model: nn.Module, named: Mapping[str, Tensor]) -> list[nn.Module]:
+    """Copy ``named`` (parameter name -> tensor, any dtype: rounded once to the parameter's)
+    into ``model``'s projection weights IN PLACE, through :class:`MultiLoraLinear` wrappers;
+    returns the base linears changed. The fast path's fused buffers see the change at once (the
+    modules' parameters are views of them), so CUDA graphs captured over them stay valid."""
+    changed = []
+    for name, value in named.items():
+        path, _, leaf = name.rpartition(".")
+        if leaf != "weight":
+            raise KeyError(f"{name}: only projection weights (.weight) can be updated")
+        module = model.get_submodule(path)
+        param = base_linear(module).weight
+        if tuple(param.shape) != tuple(value.shape):
+            raise ValueError(
+                f"{name}: shape {tuple(value.shape)}, the model's {tuple(param.shape)}"
+            )
+        param.data.copy_(value)
+        changed.append(base_linear(module))
+    return changed
+
+
+@torch.no_grad()
+def refresh_fp8(projs: list[Proj]) -> None:
+    """Requantize the fp8 copies (``quantization=fp8``) of ``projs`` from their current weights,
+    IN PLACE (the same tensors: CUDA graphs that read them stay valid)."""
+    for p in projs:
+        if p.fp8 is None:
+            continue
+        fresh = Fp8Weight.quantize(p.weight[: p.out])
+        p.fp8.weight.copy_(fresh.weight)
+        p.fp8.scale.copy_(fresh.scale)
