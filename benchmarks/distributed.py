@@ -30,7 +30,6 @@ import json
 import logging
 import platform
 import statistics
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ import torch
 from benchmarks.methods import Workload, sample_population, timed
 from benchmarks.shapes import build_model, shape_config
 from evolm import dist
-from evolm.engine.base import Row
+from evolm.engine.base import Row, group_rows
 from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
@@ -57,12 +56,7 @@ def generate_rows(
     """The rows' completions as :meth:`Engine.generate_rows` makes them (one call per set of
     members answering the same prompts), from token ids, exactly ``new`` tokens each; returns
     the number of generated tokens."""
-    wanted: dict[int, list[int]] = defaultdict(list)
-    for member, prompt in rows:
-        wanted[member].append(prompt)
-    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
-    for member, chosen in wanted.items():
-        groups[tuple(sorted(set(chosen)))].append(member)
+    groups = group_rows(rows)
     tokens, sampling = 0, Sampling(max_new_tokens=new)
     for chosen, members in groups.items():
         part = ids[list(chosen)].repeat(len(members), 1)

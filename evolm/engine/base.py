@@ -56,6 +56,18 @@ class Completion(str):
         return (Completion, (str(self), self.tokens, self.truncated, self.token_ids))
 
 
+def group_rows(rows: Sequence[Row]) -> dict[tuple[int, ...], list[int]]:
+    """``(member, prompt)`` rows as {prompts: the members that answer exactly those prompts}:
+    one batch per key (a contiguous or strided shard of the rows gives one to three keys)."""
+    wanted: dict[int, list[int]] = defaultdict(list)
+    for member, prompt in rows:
+        wanted[member].append(prompt)
+    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for member, chosen in wanted.items():
+        groups[tuple(sorted(set(chosen)))].append(member)
+    return groups
+
+
 def completion_info(text: str) -> tuple[int | None, bool | None]:
     """``(tokens, truncated)`` of a completion: None each for a plain ``str``."""
     return getattr(text, "tokens", None), getattr(text, "truncated", None)
@@ -95,12 +107,7 @@ class Engine(Protocol):
         members that answer the same prompts (a contiguous or strided shard: one to three
         calls). Engines that batch rows natively override it.
         """
-        wanted: dict[int, list[int]] = defaultdict(list)
-        for member, prompt in rows:
-            wanted[member].append(prompt)
-        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        for member, chosen in wanted.items():
-            groups[tuple(sorted(set(chosen)))].append(member)
+        groups = group_rows(rows)
         done: dict[Row, str] = {}
         for chosen, members in groups.items():
             sub = None if adapters is None else adapters.subset(members)
