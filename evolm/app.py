@@ -357,14 +357,24 @@ def make_loop(
     base_norm: float | None = None,
     writer: Callback | None = None,
 ) -> ESLoop:
-    log.info(
-        "ES over %d LoRA parameters (%d targets, rank %d), population %d, %d generations",
-        layout.numel(),
-        len(layout.targets),
-        layout.rank,
-        parts.strategy.population_size,
-        cfg.generations,
-    )
+    if isinstance(parts.strategy, FullES):
+        log.info(
+            "ES over the full weights of %d modules (es.mean=full; members of rank %d), "
+            "population %d, %d generations",
+            len(layout.targets),
+            layout.rank,
+            parts.strategy.population_size,
+            cfg.generations,
+        )
+    else:
+        log.info(
+            "ES over %d LoRA parameters (%d targets, rank %d), population %d, %d generations",
+            layout.numel(),
+            len(layout.targets),
+            layout.rank,
+            parts.strategy.population_size,
+            cfg.generations,
+        )
     return ESLoop(
         strategy=parts.strategy,
         task=parts.task,

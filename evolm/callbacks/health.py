@@ -40,7 +40,8 @@ ADVICE = {
     "members_tie": (
         "every member scored the same fitness ({fitness}) for {n} generations: ES gets no "
         "signal and the mean cannot move. Likely causes: the perturbations are too small to "
-        "change the (greedy) outputs (raise es.sigma, or lora.init_scale), or the reward is the "
+        "change the (greedy) outputs (raise es.sigma; with es.mean=lora also "
+        "lora.init_scale), or the reward is the "
         "same for every completion (check that the base model can earn any reward on this task, "
         "e.g. the answer format; task.max_new_tokens may cut answers off)"
     ),
