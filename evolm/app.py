@@ -216,6 +216,10 @@ def resumed_config(
     resumed = load_run_config(path, text)
     resumed.output_dir = str(run_dir.resolve())  # the run continues where it is now
     resumed.trusted_targets = list(trusted)
+    for key in trust.rename_moved(resumed):  # written before the callbacks moved: same classes
+        log.info(
+            "%s: %s names a moved _target_, read as %s", path, key, OmegaConf.select(resumed, key)
+        )
     trust.check_config_targets(resumed, trusted, str(path))
     return resumed
 

@@ -172,6 +172,19 @@ def targets(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
             yield from targets(v, f"{path}[{i}]")
 
 
+def rename_moved(cfg: DictConfig) -> list[str]:
+    """Rewrite, in place, every ``_target_`` of ``cfg`` that :data:`MOVED` renames (a run's
+    ``config.yaml`` written before the move; a pure rename, the same class); returns the keys
+    rewritten."""
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    renamed = []
+    for key, target in targets(plain):
+        if target in MOVED:
+            OmegaConf.update(cfg, key, MOVED[target], merge=False)
+            renamed.append(key)
+    return renamed
+
+
 def check_config_targets(cfg: DictConfig | dict, trusted: Sequence[str], source: str) -> None:
     """Refuse the first ``_target_`` in ``cfg`` that ``trusted`` does not allow; ``source``
     says where the config came from (the command line and config files, or a run's
