@@ -437,6 +437,8 @@ def train(cfg: DictConfig) -> float | list[float]:
     full = strategy.mean == "full"
     if full:
         strategy = full_strategy(strategy, layout)
+        # the folder, not a hub id: every engine (SGLang too) reloads its weights from files
+        model_path = local_model_dir(model_path)
     if checkpoint is not None:
         check_shapes(checkpoint, full_shapes(layout) if full else layout.shapes())
     scales = noise_scales(lora_spec, model_path, layout)
@@ -447,49 +449,61 @@ def train(cfg: DictConfig) -> float | list[float]:
         lambda: build("server", make_engine, model_path=model_path, layout=layout),
     )
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if not resuming and comm.is_main:
-        (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    ctx = RunContext(
-        output_dir=output_dir,
-        generations=cfg.generations,
-        layout=layout,
-        base_model=model_path,
-        config=config,
-        history=checkpoint.records if checkpoint else [],
-        stateful=stateful,
-    )
-    if isinstance(strategy, FullES):
-        dtype = getattr(engine, "dtype", None)  # the local engine's: members cast once to it
-        if isinstance(dtype, torch.dtype) and dtype != torch.float32:
-            strategy = replace(strategy, member_dtype=dtype)
-        state = (
-            master_on_device(on_device(ESState.from_state_dict(checkpoint.es), comm), comm)
-            if checkpoint is not None
-            else strategy.init(base_weights(model_path, layout, comm.device), cfg.seed, scales[::2])
-        )
-        engine.update_base_weights(strategy.named(state))  # a resumed run's master
-        writer: Callback = ModelWriter(local_model_dir(model_path), strategy.names)
-    else:
-        state = (
-            on_device(ESState.from_state_dict(checkpoint.es), comm)
-            if checkpoint is not None
-            else strategy.init(
-                initial_mean(layout, lora_spec, scales, cfg.seed, comm.device),
-                cfg.seed,
-                es_scales(lora_spec, scales),  # es.sigma in lora.sigma_units
-            )
-        )
-        writer = AdapterWriter()
-    parts = replace(parts, strategy=strategy)
-    loop = make_loop(cfg, parts, engine, layout, comm, base_weight_norm(model_path, layout), writer)
     try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if not resuming and comm.is_main:
+            (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        ctx = RunContext(
+            output_dir=output_dir,
+            generations=cfg.generations,
+            layout=layout,
+            base_model=model_path,
+            config=config,
+            history=checkpoint.records if checkpoint else [],
+            stateful=stateful,
+        )
+        if isinstance(strategy, FullES):
+            dtype = getattr(engine, "dtype", None)  # the local engine's: members cast once to it
+            if isinstance(dtype, torch.dtype) and dtype != torch.float32:
+                strategy = replace(strategy, member_dtype=dtype)
+            state = (
+                master_on_device(on_device(ESState.from_state_dict(checkpoint.es), comm), comm)
+                if checkpoint is not None
+                else strategy.init(
+                    base_weights(model_path, layout, comm.device), cfg.seed, scales[::2]
+                )
+            )
+            engine.update_base_weights(strategy.named(state))  # a resumed run's master
+            writer: Callback = ModelWriter(local_model_dir(model_path), strategy.names)
+        else:
+            state = (
+                on_device(ESState.from_state_dict(checkpoint.es), comm)
+                if checkpoint is not None
+                else strategy.init(
+                    initial_mean(layout, lora_spec, scales, cfg.seed, comm.device),
+                    cfg.seed,
+                    es_scales(lora_spec, scales),  # es.sigma in lora.sigma_units
+                )
+            )
+            writer = AdapterWriter()
+        parts = replace(parts, strategy=strategy)
+        loop = make_loop(
+            cfg, parts, engine, layout, comm, base_weight_norm(model_path, layout), writer
+        )
         state, summary = loop.run(state, ctx)
     finally:
-        if full:  # a pooled engine serves the next trial from the base weights again
-            original = base_weights(model_path, layout, torch.device("cpu"))
-            engine.update_base_weights(dict(zip(strategy.names, original, strict=True)))
-        pool.release(engine)
+        try:
+            if full and engine_outlives_run(cfg.server):  # the next run meets the base weights
+                original = base_weights(model_path, layout, torch.device("cpu"))
+                engine.update_base_weights(dict(zip(strategy.names, original, strict=True)))
+        except Exception as e:  # the run's own outcome (or error) stays what is reported
+            log.warning(
+                "could not put the base weights back on the engine (%s): a server that "
+                "outlives this run still serves the ES mean; restart it",
+                e,
+            )
+        finally:
+            pool.release(engine)
     return metric(summary, cfg.optimized_metric)
 
 
@@ -497,11 +511,27 @@ FULL_SERVERS = ("evolm.engine.local.LocalEngine", "evolm.server.sglang.sglang_se
 """The engines whose base weights ``es.mean=full`` can replace (``Engine.update_base_weights``)."""
 
 
+def engine_outlives_run(server: DictConfig) -> bool:
+    """The engine serves on after this run: pooled for the next trial of a multirun, or a
+    server that is attached (``server.url``) or kept alive."""
+    return pool.in_multirun() or bool(server.get("url")) or bool(server.get("keep_alive"))
+
+
 def check_full_mode(cfg: DictConfig) -> None:
     """``es.mean=full`` needs an engine that can replace its base weights: a ConfigError naming
     both keys otherwise, before any model loads."""
     if cfg.es.get("mean", "lora") != "full":
         return
+    objectives = cfg.get("optimized_metric")
+    wanted = [objectives] if isinstance(objectives, str) else list(objectives or [])
+    kl = [m for m in wanted if str(m).startswith("eval/kl")]
+    if kl:
+        raise ConfigError(
+            "optimized_metric",
+            f"{kl} is not logged with es.mean=full (the served base is the mean itself: there is "
+            "no adapter to compare with the base)",
+            "optimize eval/reward_mean, or use es.mean=lora (hparams_search=es_pareto needs it)",
+        )
     target = str(cfg.server.get("_target_", ""))
     if target not in FULL_SERVERS:
         server = (

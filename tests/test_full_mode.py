@@ -217,6 +217,24 @@ def test_full_mode_with_vllm_is_refused_before_any_model_loads(tmp_path: Path) -
     assert "Traceback" not in err
 
 
+def test_a_kl_objective_with_full_mode_is_refused_before_any_model_loads(tmp_path: Path) -> None:
+    """Full mode logs no eval/kl_* (the base served is the mean): a sweep optimising it would
+    train every trial to the end and then fail; refused at once, naming the key."""
+    cache = tmp_path / "cache"  # empty: a model load would build the tiny model here
+    proc = run_cli(
+        ["es.mean=full", "optimized_metric=eval/kl_mean", f"hydra.run.dir={tmp_path / 'run'}"],
+        timeout=120,
+        env={"EVOLM_CACHE_DIR": str(cache)},
+    )
+    err = proc.stderr + proc.stdout
+    assert proc.returncode != 0
+    assert "optimized_metric" in err and "eval/kl_mean" in err and "es.mean=lora" in err, err[
+        -2000:
+    ]
+    assert "Traceback" not in err
+    assert not (cache / "models").exists(), "the error came after the model was looked for"
+
+
 def test_bad_mean_on_the_command_line(tmp_path: Path) -> None:
     proc = run_cli(["es.mean=bad", f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
     assert proc.returncode != 0
