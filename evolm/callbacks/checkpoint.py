@@ -21,7 +21,9 @@ class Checkpointer(Callback):
     ``keep``, in ``<run dir>/checkpoints/``. Resume with ``python -m evolm resume=<run dir>``.
 
     A run stopped by SIGINT or SIGTERM (:mod:`evolm.interrupt`) also saves its last finished
-    generation, so its resume loses no finished work."""
+    generation, so its resume loses no finished work; with ``es.mean=full`` a stop that comes
+    while a generation's update is folded into the mean in place keeps the last periodic
+    checkpoint instead (that state is half-updated: it is never saved)."""
 
     def __init__(self, every: int = 10, keep: int = 2) -> None:
         if every < 1:
