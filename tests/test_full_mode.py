@@ -410,6 +410,26 @@ def test_sglang_attached_server_with_a_full_runs_weights_is_refused(tiny_model_d
         server.log_path.unlink(missing_ok=True)
 
 
+def test_sglang_kept_alive_server_serves_the_model_again_after_close(tiny_model_dir: str) -> None:
+    """close() points a server that outlives the engine back at the model's own folder (the
+    updated folders are deleted): the next run attaches and generates as the model does."""
+    first, layout = sglang_engine(tiny_model_dir, keep_alive=True)
+    server = first.process
+    assert server is not None
+    try:
+        first.update_base_weights(base_update(layout, 0.01))
+        first.close()
+        assert server.alive()
+        second, _ = sglang_engine(tiny_model_dir, url=first.url)
+        try:
+            assert served_as(second, tiny_model_dir, layout)
+        finally:
+            second.close()
+    finally:
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+
+
 def test_export_of_a_full_run_points_at_its_model(full_run: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "evolm.export", str(full_run)],

@@ -248,6 +248,24 @@ class SGLangEngine(RemoteEngine):
         self.with_restarts("restoring the base weights", lambda: self._send_base(model))
         self._serving(None)
 
+    def close(self) -> None:
+        """A server that outlives the engine (attached, or ``keep_alive``) that serves weights
+        sent by ``update_base_weights`` is first pointed back at the model's own folder (those
+        folders are deleted now), so the next run that attaches evaluates on the model."""
+        process = self.process
+        outlives = process is None or (self.keep_alive and process.alive())
+        if not self._closed and self.base_path is not None and outlives:
+            try:
+                self._send_base(self._local_model_dir())
+                self._serving(None)
+            except (RuntimeError, ConfigError) as e:  # ServerDown is a RuntimeError
+                log.warning(
+                    "the SGLang server at %s still serves the weights from %s (%s). Restart it, "
+                    "or POST /update_weights_from_disk with model_path=%s",
+                    *(self.url, self.base_path, e, self.model_path),
+                )
+        super().close()
+
     def _serving(self, path: Path | None) -> None:
         """The server now serves ``path`` (None: the launch model): delete the previous folder."""
         previous, self.base_path = self.base_path, path
