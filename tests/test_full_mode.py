@@ -329,6 +329,125 @@ def test_standin_enforces_update_weights_from_disk_contract(
         engine.close()
 
 
+def sglang_engine(model_dir: str, **options: object):  # type: ignore[no-untyped-def]
+    """An SGLangEngine on the stand-in (no self-test) and its LoRA layout."""
+    from evolm.server.options import RemoteOptions
+    from evolm.server.sglang import SGLangEngine
+
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(model_dir), LoraSpec())
+    opts = RemoteOptions(STANDIN, startup_timeout_s=120, self_test=False, **options)  # type: ignore[arg-type]
+    return SGLangEngine(model_dir, layout, opts), layout
+
+
+def base_update(layout: LoraLayout, value: float) -> dict[str, torch.Tensor]:
+    """New base weights: the first target module's weight filled with ``value``."""
+    t = layout.targets[0]
+    return {f"{t.path}.weight": torch.full((t.out_features, t.in_features), value)}
+
+
+def served_as(engine, model_dir: Path | str, layout: LoraLayout) -> bool:  # type: ignore[no-untyped-def]
+    """Does the server generate as the model in ``model_dir`` does?"""
+    prompts, sampling = ["Solve: 3 + 5 =", "Hi"], Sampling(max_new_tokens=8)
+    fresh = LocalEngine(str(model_dir), layout, device="cpu", dtype="float32")
+    return engine.generate(prompts, None, sampling, 0) == fresh.generate(prompts, None, sampling, 0)
+
+
+def base_folders(engine) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted(p.name for p in engine.stage.root.glob("base-*"))
+
+
+def test_sglang_failed_base_update_leaves_no_model_copy(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
+    """A refused update deletes its folder and the server keeps the previous weights; the next
+    success deletes the previous success's folder: one model copy in /dev/shm at most."""
+    from evolm.model.full import save_model
+
+    engine, layout = sglang_engine(tiny_model_dir)
+    try:
+        first = base_update(layout, 0.01)
+        engine.update_base_weights(first)
+        assert base_folders(engine) == ["base-000001"]
+        t = layout.targets[0]
+        wrong = {f"{t.path}.weight": torch.zeros(3, 3)}  # not the model's shape: SGLang refuses
+        with pytest.raises(RuntimeError, match="could not load the base weights"):
+            engine.update_base_weights(wrong)
+        assert base_folders(engine) == ["base-000001"]
+        assert served_as(engine, save_model(tmp_path / "first", tiny_model_dir, first), layout)
+        engine.update_base_weights(base_update(layout, -0.01))
+        assert base_folders(engine) == ["base-000003"]
+    finally:
+        engine.close()
+
+
+def test_sglang_base_update_restarts_a_killed_server(tmp_path: Path, tiny_model_dir: str) -> None:
+    """A launched server that died is restarted, and the new base weights are loaded into it."""
+    from evolm.model.full import save_model
+
+    engine, layout = sglang_engine(tiny_model_dir, retries=0)
+    try:
+        engine.update_base_weights(base_update(layout, 0.01))
+        assert engine.process is not None
+        old_pid = engine.process.pid
+        os.kill(old_pid, signal.SIGKILL)
+        engine.process.popen.wait(timeout=30)
+        second = base_update(layout, -0.01)
+        engine.update_base_weights(second)
+        assert engine.process.pid != old_pid and engine.process.alive()
+        assert base_folders(engine) == ["base-000002"]
+        assert served_as(engine, save_model(tmp_path / "second", tiny_model_dir, second), layout)
+    finally:
+        engine.close()
+
+
+def test_sglang_attached_server_with_a_full_runs_weights_is_refused(tiny_model_dir: str) -> None:
+    """A kept-alive server that still serves a full run's ES mean: attaching to it is a
+    ConfigError naming its URL, what it serves and the fix; restore_base_weights points it back
+    at the model's own folder, and then attaching works and generates as the model does."""
+    first, layout = sglang_engine(tiny_model_dir, keep_alive=True)
+    server = first.process
+    assert server is not None
+    try:
+        first.update_base_weights(base_update(layout, 0.01))
+        served = str(first.base_path)
+        with pytest.raises(ConfigError) as caught:
+            sglang_engine(tiny_model_dir, url=first.url)
+        message = str(caught.value)
+        assert first.url in message and served in message
+        assert "restart that server" in message and "update_weights_from_disk" in message
+        first.restore_base_weights()
+        assert first.base_path is None and base_folders(first) == []
+        second, _ = sglang_engine(tiny_model_dir, url=first.url)
+        try:
+            assert served_as(second, tiny_model_dir, layout)
+        finally:
+            second.close()
+    finally:
+        first.close()
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+
+
+def test_sglang_kept_alive_server_serves_the_model_again_after_close(tiny_model_dir: str) -> None:
+    """close() points a server that outlives the engine back at the model's own folder (the
+    updated folders are deleted): the next run attaches and generates as the model does."""
+    first, layout = sglang_engine(tiny_model_dir, keep_alive=True)
+    server = first.process
+    assert server is not None
+    try:
+        first.update_base_weights(base_update(layout, 0.01))
+        first.close()
+        assert server.alive()
+        second, _ = sglang_engine(tiny_model_dir, url=first.url)
+        try:
+            assert served_as(second, tiny_model_dir, layout)
+        finally:
+            second.close()
+    finally:
+        server.stop()
+        server.log_path.unlink(missing_ok=True)
+
+
 def test_export_of_a_full_run_points_at_its_model(full_run: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "evolm.export", str(full_run)],

@@ -105,6 +105,11 @@ class Fleet(Engine):
         for engine in self.engines:
             engine.update_base_weights(named)
 
+    def restore_base_weights(self) -> None:
+        """Every server serves the launch model's own weights again (after ``es.mean=full``)."""
+        for engine in self.engines:
+            engine.restore_base_weights()  # type: ignore[attr-defined]
+
     def use_layout(self, layout: LoraLayout) -> None:
         for engine in self.engines:
             engine.use_layout(layout)

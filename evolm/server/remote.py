@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from transformers import AutoTokenizer
@@ -51,6 +51,7 @@ from evolm.server.staging import AdapterStage
 
 __all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError"]
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -170,15 +171,11 @@ class RemoteEngine(Engine):
         timeout = self.startup_timeout_s
         self.startup_s = self.server.launch(cmd, env, url, log_path, timeout, self.keep_alive)
 
-    def _restart(self, reason: str) -> None:
+    def _restart(self, reason: str, what: str = "re-running the generation") -> None:
         assert self.process is not None
         log.warning(
-            "the %s server at %s is down (%s); restarting it and re-running the generation. "
-            "Log tail:\n%s",
-            self.kind,
-            self.url,
-            reason,
-            self.process.tail(15),
+            "the %s server at %s is down (%s); restarting it and %s. Log tail:\n%s",
+            *(self.kind, self.url, reason, what, self.process.tail(15)),
         )
         self._launch()
         self.check_server()
@@ -229,11 +226,20 @@ class RemoteEngine(Engine):
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
     ) -> list[list[str]]:
         """``out[m][p]``; re-run whole (fresh adapter names) after restarting a dead server."""
+        return self.with_restarts(
+            "re-running the generation",
+            lambda: self._generate_once(list(prompts), adapters, sampling, seed),
+        )
+
+    def with_restarts(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``; when the server is down (its process exited, or ServerDown), a launched one
+        is restarted and ``fn`` run again (``what`` says what, for the log), at most
+        ``restarts`` times; an attached one cannot be restarted, so that is an error."""
         for restart in range(self.restarts + 1):
             if self.process is not None and not self.process.alive():
-                self._restart(f"its process exited with code {self.process.popen.returncode}")
+                self._restart(f"its process exited with code {self.process.popen.returncode}", what)
             try:
-                return self._generate_once(list(prompts), adapters, sampling, seed)
+                return fn()
             except ServerDown as e:
                 if self.process is None:
                     raise ServerDown(
@@ -242,7 +248,7 @@ class RemoteEngine(Engine):
                     ) from e
                 if restart == self.restarts:
                     raise
-                self._restart(str(e))
+                self._restart(str(e), what)
         raise AssertionError("unreachable")
 
     def _generate_once(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ from evolm.server.remote import Call, RemoteEngine, ServerError
 log = logging.getLogger(__name__)
 
 LAUNCH_MODULE = "sglang.launch_server"
+EVOLM_BASE = re.compile(r"evolm-\d+/[^/]+/base-\d{6}$")
+"""The folders ``update_base_weights`` writes (``<stage root>/base-NNNNNN``)."""
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -183,18 +186,93 @@ class SGLangEngine(RemoteEngine):
         modules = list(info.get("lora_target_modules") or [])
         slots = int(info.get("max_loras_per_batch") or 0)
         self._check_fit(rank, modules, slots, server=self.url)
+        self._check_base(info.get("model_path"))
         self.slots = slots
 
+    def _check_base(self, served: object) -> None:
+        """A ConfigError if the server serves weights an ``es.mean=full`` run loaded into it
+        (``model_path``, which SGLang sets to the folder ``/update_weights_from_disk`` last
+        loaded, is one of evolm's ``base-NNNNNN`` folders): a run that died, or a kept-alive
+        server, would otherwise silently evaluate every member on that run's ES mean."""
+        if not isinstance(served, str) or served == self.model_path:
+            return
+        if not EVOLM_BASE.search(served.rstrip("/")):
+            if Path(served).is_dir() and Path(served).resolve() != Path(self.model_path).resolve():
+                log.warning(
+                    "the SGLang server at %s serves %s, not the model %s: members are evaluated "
+                    "on the server's weights",
+                    *(self.url, served, self.model_path),
+                )
+            return
+        raise ConfigError(
+            "url",
+            f"the SGLang server at {self.url} serves the weights an es.mean=full run loaded "
+            f"into it from {served}, not the model {self.model_path}",
+            f"restart that server, or load the original weights back: curl -X POST "
+            f"{self.url}/update_weights_from_disk -H 'Content-Type: application/json' "
+            f'-d \'{{"model_path": "{self.model_path}"}}\'',
+        )
+
     base_version = 0  # the base weights sent with update_base_weights (0: the launch model's)
+    base_path: Path | None = None  # the folder the server serves them from (None: launch model)
 
     def update_base_weights(self, named: Mapping[str, torch.Tensor]) -> None:
         """``es.mean=full``: write the model with ``named`` swapped in (a plain model
         directory, the base's dtype; :mod:`evolm.model.full`) beside the staged adapters, and
         have the server load it with ``POST /update_weights_from_disk`` (``model_path``;
-        ``flush_cache``: the prefix cache holds the old weights' KV). The previous one is
-        deleted once the server answers success; a restarted server gets it again."""
+        ``flush_cache``: the prefix cache holds the old weights' KV). A launched server that
+        is down is restarted (at most ``restarts`` times) and sent it again. Once the server
+        answers success the previous folder is deleted; a failed update deletes the new one
+        (the server keeps serving the previous weights, as SGLang rolls back)."""
         from evolm.model.full import save_model
 
+        self._local_model_dir()
+        self.base_version += 1
+        path = self.stage.root / f"base-{self.base_version:06d}"
+        try:
+            save_model(path, self.model_path, named)
+            self.with_restarts("reloading the base weights", lambda: self._send_base(path))
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self._serving(path)
+
+    def restore_base_weights(self) -> None:
+        """Point the server back at the launch model's own folder (``POST
+        /update_weights_from_disk`` with ``model_path``: the model's directory): the cheap way to
+        leave a kept-alive or attached server serving the original weights after a full run (no
+        model copy is written). Nothing to do when no update was sent."""
+        if self.base_path is None:
+            return
+        model = self._local_model_dir()
+        self.with_restarts("restoring the base weights", lambda: self._send_base(model))
+        self._serving(None)
+
+    def close(self) -> None:
+        """A server that outlives the engine (attached, or ``keep_alive``) that serves weights
+        sent by ``update_base_weights`` is first pointed back at the model's own folder (those
+        folders are deleted now), so the next run that attaches evaluates on the model."""
+        process = self.process
+        outlives = process is None or (self.keep_alive and process.alive())
+        if not self._closed and self.base_path is not None and outlives:
+            try:
+                self._send_base(self._local_model_dir())
+                self._serving(None)
+            except (RuntimeError, ConfigError) as e:  # ServerDown is a RuntimeError
+                log.warning(
+                    "the SGLang server at %s still serves the weights from %s (%s). Restart it, "
+                    "or POST /update_weights_from_disk with model_path=%s",
+                    *(self.url, self.base_path, e, self.model_path),
+                )
+        super().close()
+
+    def _serving(self, path: Path | None) -> None:
+        """The server now serves ``path`` (None: the launch model): delete the previous folder."""
+        previous, self.base_path = self.base_path, path
+        if previous is not None and previous != path:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def _local_model_dir(self) -> Path:
         if not Path(self.model_path).is_dir():
             raise ConfigError(
                 "model",
@@ -202,13 +280,7 @@ class SGLangEngine(RemoteEngine):
                 f"weights, and {self.model_path!r} is not a folder",
                 "point the model at a local folder (model.cache_dir)",
             )
-        self.base_version += 1
-        path = self.stage.root / f"base-{self.base_version:06d}"
-        save_model(path, self.model_path, named)
-        self._send_base(path)
-        old = self.stage.root / f"base-{self.base_version - 1:06d}"
-        shutil.rmtree(old, ignore_errors=True)
-        self.base_path: Path | None = path
+        return Path(self.model_path)
 
     def _send_base(self, path: Path) -> None:
         try:
@@ -220,11 +292,10 @@ class SGLangEngine(RemoteEngine):
         if not (isinstance(answer, dict) and answer.get("success")):
             raise RuntimeError(f"SGLang did not load the base weights from {path}: {answer}")
 
-    def _restart(self, reason: str) -> None:
-        super()._restart(reason)
-        current = getattr(self, "base_path", None)
-        if current is not None:  # a relaunched server starts from the launch model again
-            self._send_base(current)
+    def _restart(self, reason: str, what: str = "re-running the generation") -> None:
+        super()._restart(reason, what)
+        if self.base_path is not None:  # a relaunched server starts from the launch model again
+            self._send_base(self.base_path)
 
     def load(self, name: str, path: str) -> None:
         try:
