@@ -493,9 +493,15 @@ def train(cfg: DictConfig) -> float | list[float]:
         state, summary = loop.run(state, ctx)
     finally:
         try:
-            if full and engine_outlives_run(cfg.server):  # the next run meets the base weights
-                original = base_weights(model_path, layout, torch.device("cpu"))
-                engine.update_base_weights(dict(zip(strategy.names, original, strict=True)))
+            # the next trial of a multirun meets the base weights again (a server that outlives
+            # its engine, attached or kept alive, is pointed back by the engine's close())
+            if full and pool.in_multirun():
+                back = getattr(engine, "restore_base_weights", None)
+                if back is not None:  # a server: back to the model's folder, no copy written
+                    back()
+                else:
+                    original = base_weights(model_path, layout, torch.device("cpu"))
+                    engine.update_base_weights(dict(zip(strategy.names, original, strict=True)))
         except Exception as e:  # the run's own outcome (or error) stays what is reported
             log.warning(
                 "could not put the base weights back on the engine (%s): a server that "
@@ -509,12 +515,6 @@ def train(cfg: DictConfig) -> float | list[float]:
 
 FULL_SERVERS = ("evolm.engine.local.LocalEngine", "evolm.server.sglang.sglang_servers")
 """The engines whose base weights ``es.mean=full`` can replace (``Engine.update_base_weights``)."""
-
-
-def engine_outlives_run(server: DictConfig) -> bool:
-    """The engine serves on after this run: pooled for the next trial of a multirun, or a
-    server that is attached (``server.url``) or kept alive."""
-    return pool.in_multirun() or bool(server.get("url")) or bool(server.get("keep_alive"))
 
 
 def check_full_mode(cfg: DictConfig) -> None:

@@ -142,7 +142,7 @@ def test_population_equals_transformers_peft_per_member(
         if fast
         else LocalEngine.from_model(engine.model, layout, engine.tokenizer, fast=False)
     )
-    assert (runner.fast is not None) == fast
+    assert runner.fast_path == fast
     prompts = [chat(engine.tokenizer, q) for q in QUESTIONS]
     pop, sampling = population(layout, 3), Sampling(max_new_tokens=NEW_TOKENS)
     ours = runner.generate(prompts, pop, sampling, seed=0)

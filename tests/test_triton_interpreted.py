@@ -23,7 +23,9 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     batching's kernel variants give the eager path's greedy tokens. Then the same on a
     SmolLM2-shaped Llama (no q/k/v bias, tied embeddings, 3 query heads per KV head)."""
     script = Path(__file__).with_name("interpreted_triton.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = str(script.parents[1])  # the script imports benchmarks/ (not installed)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
