@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -448,6 +449,17 @@ def build_in_env(out: Path, name: str, env: dict[str, str], dtype: str) -> tuple
     return capability, digest
 
 
+def builds_in_envs(tmp_path: Path, dtype: str) -> dict[str, tuple[str, str]]:
+    """:func:`build_in_env` under every one of :data:`MACHINES`, side by side (each warm-up
+    runs on one thread: the builds take both cores of a 2-core CI machine, not twice as long)."""
+    with ThreadPoolExecutor(len(MACHINES)) as pool:
+        futures = {
+            name: pool.submit(build_in_env, tmp_path / f"{dtype}-{i}", name, env, dtype)
+            for i, (name, env) in enumerate(MACHINES.items())
+        }
+        return {name: f.result() for name, f in futures.items()}
+
+
 @pytest.mark.slow
 def test_countdown_build_bytes_do_not_depend_on_cpu_kernels_or_threads(tmp_path: Path) -> None:
     """The countdown warm-up gives the same bytes under the kernels two machines would run.
@@ -455,16 +467,10 @@ def test_countdown_build_bytes_do_not_depend_on_cpu_kernels_or_threads(tmp_path:
     The control: the same builds with a float32 warm-up differ wherever the CPU has AVX-512
     (on an AVX2-only CPU both runs take the same ATen kernels, and the control is skipped).
     """
-    built = {
-        name: build_in_env(tmp_path / f"f64-{i}", name, env, "float64")
-        for i, (name, env) in enumerate(MACHINES.items())
-    }
+    built = builds_in_envs(tmp_path, "float64")
     assert len({digest for _, digest in built.values()}) == 1, built
     capabilities = {capability for capability, _ in built.values()}
     if capabilities == {"AVX2"}:
         pytest.skip("no AVX-512 here: both builds ran the same ATen kernels (float64 agreed)")
-    control = {
-        name: build_in_env(tmp_path / f"f32-{i}", name, env, "float32")
-        for i, (name, env) in enumerate(MACHINES.items())
-    }
+    control = builds_in_envs(tmp_path, "float32")
     assert len({digest for _, digest in control.values()}) == 2, control
