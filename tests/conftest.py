@@ -44,11 +44,57 @@ COUNTDOWN_TINY = {
 }
 
 
+NEEDS_COUNTDOWN = pytest.StashKey[bool]()
+PREBUILD = """
+import json, sys
+from evolm.model import TinyModel
+from evolm.task.countdown_warmup import CountdownWarmup
+TinyModel(**json.loads(sys.argv[1])).resolve(warmup=CountdownWarmup())
+"""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[NEEDS_COUNTDOWN] = any(
+        "countdown_model_dir" in getattr(item, "fixturenames", ()) for item in items
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def countdown_prebuild(
+    evolm_cache: Path, request: pytest.FixtureRequest
+) -> Iterator[subprocess.Popen[bytes] | None]:
+    """In a session that needs the countdown model, its build (one warm-up thread, about 2.5
+    min) starts in the background with the first test, so it takes the second core of a 2-core
+    machine while the tests before the first user run, not the critical path."""
+    from evolm.model import TinyModel
+    from evolm.model.spec import is_built
+    from evolm.task.countdown_warmup import CountdownWarmup
+
+    target = TinyModel(**COUNTDOWN_TINY).model_dir(warmup=CountdownWarmup())
+    if not request.config.stash.get(NEEDS_COUNTDOWN, False) or is_built(target):
+        yield None
+        return
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PREBUILD, json.dumps(COUNTDOWN_TINY)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
-def countdown_model_dir(evolm_cache: Path) -> str:
+def countdown_model_dir(
+    evolm_cache: Path, countdown_prebuild: subprocess.Popen[bytes] | None
+) -> str:
     from evolm.model import TinyModel
     from evolm.task.countdown_warmup import CountdownWarmup
 
+    if countdown_prebuild is not None:
+        countdown_prebuild.wait()  # built (or failed: the build below then says why)
     return TinyModel(**COUNTDOWN_TINY).resolve(warmup=CountdownWarmup())
 
 
