@@ -56,6 +56,21 @@ class Completion(str):
         return (Completion, (str(self), self.tokens, self.truncated, self.token_ids))
 
 
+def every_member(
+    engine: Engine,
+    prompts: Sequence[str],
+    adapters: LoraPopulation | None,
+    sampling: Sampling,
+    seed: int,
+) -> list[list[str]]:
+    """Every member x every prompt through ``engine.generate_rows`` (rows member-major), one
+    list of completions per member: :meth:`Engine.generate` for engines that batch rows."""
+    members, n = (1 if adapters is None else len(adapters)), len(prompts)
+    rows = [(m, p) for m in range(members) for p in range(n)]
+    texts = engine.generate_rows(prompts, adapters, rows, sampling, seed)
+    return [texts[m * n : (m + 1) * n] for m in range(members)]
+
+
 def group_rows(rows: Sequence[Row]) -> dict[tuple[int, ...], list[int]]:
     """``(member, prompt)`` rows as {prompts: the members that answer exactly those prompts}:
     one batch per key (a contiguous or strided shard of the rows gives one to three keys)."""

@@ -38,7 +38,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evolm.engine.base import Completion, Engine, Row, chat_prompt
+from evolm.engine.base import Completion, Engine, Row, chat_prompt, every_member
 from evolm.engine.fast.fp8 import fp8_shape_problem
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
@@ -256,10 +256,7 @@ class LocalEngine(Engine):
         """Every member x every prompt (a convenience over :meth:`generate_rows`)."""
         if self.scheduler is None:
             return self._generate_members(prompts, adapters, sampling, seed)
-        members = 1 if adapters is None else len(adapters)
-        rows = [(m, p) for m in range(members) for p in range(len(prompts))]
-        texts = self.generate_rows(prompts, adapters, rows, sampling, seed)
-        return [texts[m * len(prompts) : (m + 1) * len(prompts)] for m in range(members)]
+        return every_member(self, prompts, adapters, sampling, seed)
 
     def generate_rows(
         self,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from evolm.engine.base import Engine, Row
+from evolm.engine.base import Engine, Row, every_member
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
 
@@ -65,11 +65,7 @@ class Fleet(Engine):
     def generate(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
     ) -> list[list[str]]:
-        members = 1 if adapters is None else len(adapters)
-        rows = [(m, p) for m in range(members) for p in range(len(prompts))]
-        texts = self.generate_rows(prompts, adapters, rows, sampling, seed)
-        n = len(prompts)
-        return [texts[m * n : (m + 1) * n] for m in range(members)]
+        return every_member(self, prompts, adapters, sampling, seed)
 
     def generate_rows(
         self,
