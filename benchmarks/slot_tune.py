@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from benchmarks.shapes import build_model, shape_config
+from benchmarks.shapes import build_model
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
 from evolm.engine.kernels.attention import slot_attention
@@ -150,68 +150,15 @@ def step_profile(
     return out
 
 
-@torch.inference_mode()
-def split_sweep(
-    shape: str = "qwen2.5-1.5b",
-    positions: int = 1152,
-    kv: str = "bf16",
-    row_counts: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048),
-) -> dict:
-    """The slot attention kernel at a generation's tail: ``rows`` long rows (spans 640..1152,
-    as the rows still running at the end), each row's positions in 1..16 splits, against the
-    automatic choice (:func:`split_count`). Milliseconds per layer and the KV bytes read per
-    second."""
-    from evolm.engine.kernels import FP8
-    from evolm.engine.kernels.attention import SLOT_TUNE, split_count
-
-    dev = torch.device("cuda")
-    cfg = shape_config(shape)
-    kvh, hd = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    g = cfg.num_attention_heads // kvh
-    most = max(row_counts)
-    dtype = FP8 if kv == "fp8" else torch.bfloat16
-    k = torch.empty(most + 1, kvh, positions, hd, device=dev, dtype=dtype)
-    v = torch.empty_like(k)
-    fill(k)
-    fill(v)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    out: dict = {"shape": shape, "kv": kv, "positions": positions, "sms": sms, "rows": []}
-    for rows in row_counts:
-        q = torch.randn(rows, kvh, g, hd, device=dev, dtype=torch.bfloat16)
-        sel = torch.randperm(most, device=dev, generator=gen)[:rows]
-        hi = torch.randint(640, positions + 1, (rows,), device=dev, generator=gen)
-        lo = torch.zeros(rows, dtype=torch.long, device=dev)
-        read = float((hi - lo).sum()) * kvh * hd * 2 * k.element_size()
-        entry: dict = {
-            "rows": rows,
-            "auto": split_count(rows, kvh, positions, sms, SLOT_TUNE["block_n"]),
-        }
-        for splits in (1, 2, 4, 8, 16, None):
-            args = (q, k, v, sel, lo, hi)
-            s = timed(lambda a=args, n=splits: slot_attention(*a, splits=n), 20)
-            name = "auto" if splits is None else splits
-            entry[f"ms_{name}"], entry[f"tb_s_{name}"] = s * 1e3, read / s / 1e12
-        out["rows"].append(entry)
-        print(json.dumps(entry), flush=True)
-    return out
-
-
 if __name__ == "__main__":
     p = argparse.ArgumentParser(prog="python -m benchmarks.slot_tune")
-    p.add_argument("what", nargs="?", default="attention", choices=["attention", "step", "splits"])
+    p.add_argument("what", nargs="?", default="attention", choices=["attention", "step"])
     p.add_argument("--shape", default="qwen2.5-1.5b")
     p.add_argument("--rows", type=int)
     p.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
     p.add_argument("--bf16-gemms", action="store_true", help="step: no fp8 GEMMs")
-    p.add_argument("--json", help="splits: write the sweep here")
     a = p.parse_args()
-    if a.what == "splits":
-        result = split_sweep(a.shape, kv=a.kv)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(result, f, indent=1)
-    elif a.what == "step":
+    if a.what == "step":
         step_profile(a.shape, a.rows or 6000, kv=a.kv, quantize=not a.bf16_gemms)
     else:
         main(a.shape, a.rows or 3000, kv=a.kv)

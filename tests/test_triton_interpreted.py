@@ -38,17 +38,3 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     assert out["slots_equal"], "continuous batching's kernels disagree with the eager path"
     assert out["slots_fp8_equal"], "the fp8 cache's kernels disagree with the eager fp8 path"
     assert out["quantizer_equal"], "the fp8 row quantizer disagrees with its torch ops"
-    assert out["split_attention_err"] <= 1e-5, out  # flash-decoding splits, empty ones too
-
-
-def test_split_count_splits_only_small_batches_of_long_rows() -> None:
-    """Flash-decoding splits where a batch leaves SMs idle, never for a full batch, never into
-    splits of less than two blocks, at most MAX_SPLITS."""
-    from evolm.engine.kernels.attention import MAX_SPLITS, SPLIT_PROGRAMS, split_count
-
-    h100 = 132
-    assert split_count(2000, 2, 1152, h100, 64) == 1  # 4,000 programs already
-    tail = split_count(64, 2, 1152, h100, 64)
-    assert tail > 1 and 64 * 2 * tail >= SPLIT_PROGRAMS * h100
-    assert split_count(1, 2, 1152, h100, 64) == min(MAX_SPLITS, 1152 // 128)
-    assert split_count(8, 2, 100, h100, 64) == 1  # a short cache: nothing to split

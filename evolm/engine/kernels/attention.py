@@ -113,104 +113,11 @@ def _slot_attention_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok)
 
 
-@triton.jit
-def _slot_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, sel_ptr, lo_ptr, hi_ptr, acc_ptr, ml_ptr,
-    sq_r, sq_h, sq_g, sk_r, sk_h, sk_n, sv_r, sv_h, sv_n,
-    kv_heads, scale,
-    G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
-):  # fmt: skip
-    """Split ``s`` of row ``r``'s positions: its unnormalized output, running max and sum."""
-    pid, split = tl.program_id(0), tl.program_id(1)
-    r, h = pid // kv_heads, pid % kv_heads
-    slot = tl.load(sel_ptr + r).to(tl.int64)
-    lo = tl.load(lo_ptr + r).to(tl.int32)
-    hi = tl.load(hi_ptr + r).to(tl.int32)
-    per = tl.cdiv(tl.cdiv(hi - lo, SPLITS), BLOCK_N) * BLOCK_N  # whole blocks per split
-    begin = lo + split * per
-    end = tl.minimum(hi, begin + per)
-    offs_g, offs_d = tl.arange(0, G_PAD), tl.arange(0, HD)
-    g_ok = offs_g[:, None] < G
-    q = tl.load(q_ptr + r * sq_r + h * sq_h + offs_g[:, None] * sq_g + offs_d[None, :], mask=g_ok)
-    if FP8:
-        q = q.to(tl.float16)
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, HD], tl.float32)
-    k_row = k_ptr + slot * sk_r + h * sk_h
-    v_row = v_ptr + slot * sv_r + h * sv_h
-    for start in range(begin, end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
-        k = tl.load(k_row + offs_n[:, None] * sk_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
-        s = tl.where(n_ok[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_row + offs_n[:, None] * sv_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    part = pid * SPLITS + split  # partials: [rows * kv_heads, SPLITS, G_PAD, (HD | 2)]
-    tl.store(acc_ptr + (part * G_PAD + offs_g[:, None]) * HD + offs_d[None, :], acc)
-    tl.store(ml_ptr + (part * G_PAD + offs_g) * 2, m_i)
-    tl.store(ml_ptr + (part * G_PAD + offs_g) * 2 + 1, l_i)
-
-
-@triton.jit
-def _combine_splits_kernel(
-    acc_ptr, ml_ptr, out_ptr, so_r, so_h, so_g, kv_heads,
-    G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr,
-):  # fmt: skip
-    """One row and KV head: the splits' partials rescaled to their common max and summed."""
-    pid = tl.program_id(0)
-    r, h = pid // kv_heads, pid % kv_heads
-    offs_g, offs_d = tl.arange(0, G_PAD), tl.arange(0, HD)
-    m_all = tl.full([G_PAD], float("-inf"), tl.float32)
-    for split in range(SPLITS):
-        m_s = tl.load(ml_ptr + ((pid * SPLITS + split) * G_PAD + offs_g) * 2)
-        m_all = tl.maximum(m_all, m_s)
-    l_all = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, HD], tl.float32)
-    for split in range(SPLITS):
-        base = (pid * SPLITS + split) * G_PAD + offs_g
-        m_s = tl.load(ml_ptr + base * 2)
-        l_s = tl.load(ml_ptr + base * 2 + 1)
-        w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_all))  # an empty split: 0
-        l_all += w * l_s
-        acc += w[:, None] * tl.load(acc_ptr + base[:, None] * HD + offs_d[None, :])
-    out = acc / l_all[:, None]
-    o_off = r * so_r + h * so_h + offs_g[:, None] * so_g + offs_d[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=offs_g[:, None] < G)
-
-
 SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3}  # H200: 4.0 TB/s (slot_tune)
 # an fp8 cache (H100, 1.5B shape, 1,600 rows): 0.235 ms per layer against bf16's 0.377; on an
 # H200 at 6,000 rows (``slot_tune --kv fp8 --rows 6000``) 2 warps: 0.627 vs 0.666 ms (3.1 TB/s:
 # widening fp8 to fp16 and the g-row dots, not HBM, bound it)
 SLOT_TUNE_FP8 = {"block_n": 64, "warps": 2, "stages": 3}
-SPLIT_PROGRAMS = 4  # split a row's positions until there are this many programs per SM ...
-MAX_SPLITS = 16  # ... in at most this many splits of at least two blocks each
-
-
-def split_count(rows: int, kv_heads: int, positions: int, sms: int, block_n: int) -> int:
-    """Splits of each row's positions for ``rows`` decode rows (flash-decoding): one program
-    per (row, KV head) streams a row's whole length, so a small batch of long rows (the tail of
-    a generation, a rank's share on several GPUs) keeps few SMs busy and reads the cache far
-    below HBM bandwidth. Splitting gives ``SPLIT_PROGRAMS`` programs per SM; 1: no split."""
-    programs = rows * kv_heads
-    want = -(-SPLIT_PROGRAMS * sms // programs)
-    most = max(1, min(MAX_SPLITS, positions // (2 * block_n)))
-    return max(1, min(want, most))
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def slot_attention(
@@ -221,41 +128,16 @@ def slot_attention(
     lo: Tensor,
     hi: Tensor,
     tune: dict[str, int] | None = None,
-    splits: int | None = None,
 ) -> Tensor:
     """Continuous batching's decode attention: ``q [B, kv_heads, g, hd]``; row ``b`` attends
     over positions ``lo[b] <= n < hi[b]`` of cache row ``sel[b]`` of ``k``/``v [C, kv_heads,
     T, hd]`` (no mask tensor: each row streams only its own length). ``[B, kv_heads*g*hd]``.
-    An fp8 cache (``torch.float8_e4m3fn``) is widened to fp16 as it is read. ``splits``: parts
-    of each row's positions run by programs of their own and combined after (None:
-    :func:`split_count` for this device; the choice depends on shapes only, so a CUDA graph
-    captures one)."""
+    An fp8 cache (``torch.float8_e4m3fn``) is widened to fp16 as it is read."""
     rows, kv_heads, g, hd = q.shape
     fp8 = k.element_size() == 1
     t = tune or (SLOT_TUNE_FP8 if fp8 else SLOT_TUNE)
-    if splits is None:
-        splits = split_count(rows, kv_heads, k.shape[2], _sm_count(q.device), t["block_n"])
     out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
     g_pad = max(16, triton.next_power_of_2(g))
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if splits > 1:
-        parts = rows * kv_heads * splits * g_pad
-        acc = torch.empty(parts, hd, dtype=torch.float32, device=q.device)
-        ml = torch.empty(parts, 2, dtype=torch.float32, device=q.device)
-        _slot_attention_split_kernel[(rows * kv_heads, splits)](
-            q, k, v, sel, lo, hi, acc, ml,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            kv_heads, hd**-0.5,
-            G=g, G_PAD=g_pad, HD=hd, BLOCK_N=t["block_n"], SPLITS=splits,
-            PRECISION=precision, FP8=fp8,
-            num_warps=t["warps"], num_stages=t["stages"],
-        )  # fmt: skip
-        _combine_splits_kernel[(rows * kv_heads,)](
-            acc, ml, out, out.stride(0), out.stride(1), out.stride(2), kv_heads,
-            G=g, G_PAD=g_pad, HD=hd, SPLITS=splits, num_warps=4,
-        )  # fmt: skip
-        return out.view(rows, -1)
     _slot_attention_kernel[(rows * kv_heads,)](
         q, k, v, sel, lo, hi, out,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -263,7 +145,7 @@ def slot_attention(
         out.stride(0), out.stride(1), out.stride(2),
         kv_heads, hd**-0.5,
         G=g, G_PAD=g_pad, HD=hd, BLOCK_N=t["block_n"],
-        PRECISION=precision, FP8=fp8,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
         num_warps=t["warps"], num_stages=t["stages"],
     )  # fmt: skip
     return out.view(rows, -1)
