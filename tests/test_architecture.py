@@ -130,6 +130,7 @@ LEAVES = {
     "evolm.files": set(),
     "evolm.interrupt": set(),
     "evolm.dist": set(),
+    "evolm.worklog": set(),
 }
 
 
