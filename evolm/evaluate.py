@@ -7,7 +7,9 @@ rows first, so a generation does not end on a few long rows running alone); a pr
 splits the rows with :func:`evolm.dist.balanced` (equal expected work per rank, each rank's
 longest first). Greedy tokens do not depend on the order or batch a row runs in, so this
 changes timings only, never a completion; with sampling (``temperature > 0``) a row's random
-draws depend on its position, so the rows keep today's order and sharding.
+draws depend on its position, so the rows keep today's order and sharding. So do engines that
+group rows by member set (:attr:`~evolm.engine.base.Engine.batches_any_rows` False: servers),
+where a balanced shard would take several calls instead of one to three.
 """
 
 from __future__ import annotations
@@ -92,13 +94,14 @@ def evaluate(
     this rank's).
 
     ``expected``: per prompt, its expected completion length (any unit, the same for every
-    prompt). With greedy decoding the rows are then scheduled by expected work (the module
+    prompt). With greedy decoding and an engine that batches any rows
+    (:attr:`Engine.batches_any_rows`) the rows are then scheduled by expected work (the module
     docstring); the result is the same.
     """
     members, n_prompts = (1 if adapters is None else len(adapters)), len(examples)
     if expected is not None and len(expected) != n_prompts:
         raise ValueError(f"{len(expected)} expected lengths for {n_prompts} prompts")
-    scheduled = expected is not None and task.sampling.temperature == 0
+    scheduled = expected is not None and task.sampling.temperature == 0 and engine.batches_any_rows
     costs = row_costs(expected, members) if scheduled and expected is not None else None
     if comm.world_size > 1:
         assignment = None if costs is None else balanced(costs, comm.world_size)

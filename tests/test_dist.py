@@ -123,6 +123,13 @@ class LabelEngine(Engine):
     def close(self) -> None: ...
 
 
+class AnyRows(LabelEngine):
+    """The same completions, as an engine whose ``generate_rows`` takes any rows in one batch
+    (the default one groups them, correct for any rows)."""
+
+    batches_any_rows = True
+
+
 class LengthTask(Task):
     """reward = length of the completion; ``batch`` also counts the batch's duplicates (a reward
     that depends on the other rows: only right when the whole population is scored at once)."""
@@ -175,7 +182,9 @@ def _worker(rank: int, world: int, port: int) -> None:
             assert shared.rows == mine and shared.lengths == alone.lengths
             # rows balanced by expected work: this rank's share of balanced(), longest first
             expected = [1.0, 9.0, 5.0]
-            balanced = evaluate(engine, task, examples, pop, 0, comm, expected=expected)
+            grouped = evaluate(engine, task, examples, pop, 0, comm, expected=expected)
+            assert grouped.rows == mine  # an engine that groups rows by member set: interleaved
+            balanced = evaluate(AnyRows(), task, examples, pop, 0, comm, expected=expected)
             assert torch.equal(balanced.fitness, alone.fitness)
             assert balanced.metrics == alone.metrics and balanced.diagnostics == alone.diagnostics
             assert balanced.scores == alone.scores and balanced.lengths == alone.lengths

@@ -89,6 +89,10 @@ class Recording(Engine):
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return self.inner.format_chat(messages)
 
+    @property
+    def batches_any_rows(self) -> bool:
+        return self.inner.batches_any_rows
+
     def generate(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
     ) -> list[list[str]]:
@@ -149,8 +153,17 @@ def test_expected_lengths_reorder_rows_never_completions(engine: LocalEngine) ->
     assert sorted(ev.rows) == sorted(plain.rows) == [(m, p) for m in range(3) for p in range(4)]
 
 
-def test_sampled_rows_keep_their_order(engine: LocalEngine) -> None:
-    """With sampling, a row's random draws depend on its place: ``expected`` is not used."""
+class Grouping(Recording):
+    """An engine whose ``generate_rows`` groups rows by member set (servers)."""
+
+    @property
+    def batches_any_rows(self) -> bool:
+        return False
+
+
+def test_sampled_rows_and_grouping_engines_keep_their_order(engine: LocalEngine) -> None:
+    """With sampling, a row's random draws depend on its place; an engine that groups rows by
+    member set gains nothing from an order: ``expected`` is not used (one ``generate``)."""
     task = Conciseness(max_new_tokens=6, temperature=1.0)
     examples = [Example(prompt=p, reference={"answer": "8"}) for p in PROMPTS]
     recorder = Recording(engine)
@@ -158,6 +171,10 @@ def test_sampled_rows_keep_their_order(engine: LocalEngine) -> None:
     ev = evaluate(recorder, task, examples, pop, seed=0, expected=[1.0, 9.0, 5.0, 2.0])
     assert [kind for kind, _ in recorder.calls] == ["generate"]
     assert ev.completions == evaluate(engine, task, examples, pop, seed=0).completions
+    grouping = Grouping(engine)
+    greedy = Conciseness(max_new_tokens=6)
+    evaluate(grouping, greedy, examples, pop, seed=0, expected=[1.0, 9.0, 5.0, 2.0])
+    assert [kind for kind, _ in grouping.calls] == ["generate"]
     with pytest.raises(ValueError, match="2 expected lengths for 4 prompts"):
         evaluate(engine, task, examples, pop, seed=0, expected=[1.0, 2.0])
 
