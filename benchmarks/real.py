@@ -33,9 +33,10 @@ another on this one device, after the whole population (warm: the same workspace
 what each rank of ``torchrun --nproc_per_node=K -m evolm`` generates. ``--shard interleaved``:
 rows ``r, r + K, ...`` (what a run without a length history does); ``--shard balanced``:
 :func:`evolm.dist.balanced` with each row's budget as its cost, each shard longest first (what
-``evolm.evaluate`` does with the prompts' last lengths). Recorded under ``shards``: per shard
-seconds, tokens and decode steps, the slowest shard, and ``speedup`` = the whole population's
-seconds / the slowest shard's (the K-GPU speed-up, all-gather aside).
+``evolm.evaluate`` does with the prompts' last lengths); ``--shard interleaved,balanced``: both,
+on the same warm engine. Recorded under ``shards.<mode>``: per shard seconds, tokens and decode
+steps, the slowest shard, and ``speedup`` = the whole population's seconds / the slowest
+shard's (the K-GPU speed-up, all-gather aside).
 
 The local methods use the engine's public API only: one :class:`LocalEngine` over the model,
 a sibling per method (:meth:`LocalEngine.with_options`: the fp8 options), rows of any members
@@ -181,6 +182,9 @@ def run_local(
             timings=engine.last_timings,
         )
     return rec
+
+
+SHARD_MODES = ("interleaved", "balanced")
 
 
 def shards(rows: int, budgets: list[int], ranks: int, mode: str) -> list[list[int]]:
@@ -361,10 +365,11 @@ def run(
     out: Path | None = None,
     sizes: Sizes = Sizes(),
     ranks: int = 1,
-    shard: str = "interleaved",
+    shard: str | list[str] = "interleaved",
 ) -> dict[str, Any]:
     """Every (method, regime) of one shape; the record (also written to ``out`` as it grows).
-    ``ranks`` > 1: each local method's shards too (:func:`run_shards`, ``shard`` their mode)."""
+    ``ranks`` > 1: each local method's shards too (:func:`run_shards`, ``shard`` their modes)."""
+    modes = [shard] if isinstance(shard, str) else list(shard)
     dtype = DTYPES["bfloat16"] if device.type == "cuda" else DTYPES["float32"]
     work = Workload(shape=shape, members=sizes.members, prompts=sizes.prompts,
                     prompt_len=sizes.prompt_len, new_tokens=sizes.max_new, rank=4,
@@ -429,12 +434,14 @@ def run(
             if "seconds" not in rec:
                 continue
             budgets = lengths(regime, sizes.rows, sizes.max_new)
-            try:
-                rec["shards"] = run_shards(local, ids, pop, budgets, ranks, shard, rec["seconds"])
-            except Exception as e:
-                log.exception("%s shards failed", method)
-                rec["shards"] = {"error": repr(e)[:2000]}
-            save()
+            for mode in modes:
+                try:
+                    got = run_shards(local, ids, pop, budgets, ranks, mode, rec["seconds"])
+                except Exception as e:
+                    log.exception("%s %s shards failed", method, mode)
+                    got = {"error": repr(e)[:2000]}
+                rec.setdefault("shards", {})[mode] = got
+                save()
         local.close()
         del local
     if "sglang" in methods or "evolm_sglang" in methods:
@@ -498,11 +505,13 @@ def markdown(records: list[dict[str, Any]]) -> str:
                     f"{r['tokens']:,} | {r['tokens_per_s']:,.0f} | {peak:.1f} | {fl:.1f} |"
                 )
     sharded = [
-        (rec["shape"], regime, method, r["shards"])
+        (rec["shape"], regime, method, sh)
         for rec in records
         for regime, res in rec["results"].items()
         for method, r in res.items()
-        if isinstance(r, dict) and "speedup" in r.get("shards", {})
+        if isinstance(r, dict)
+        for sh in r.get("shards", {}).values()
+        if "speedup" in sh
     ]
     if sharded:
         lines += [
@@ -524,6 +533,10 @@ def markdown(records: list[dict[str, Any]]) -> str:
 def main(args: Any, device: torch.device) -> int:
     methods = [m.strip() for m in args.methods.split(",")]
     regimes = [r.strip() for r in args.regimes.split(",")]
+    modes = [m.strip() for m in args.shard.split(",")]
+    unknown = sorted(set(modes) - set(SHARD_MODES))
+    if unknown:
+        raise SystemExit(f"--shard: unknown {unknown}; choose from {','.join(SHARD_MODES)}")
     records = []
     sizes = Sizes(
         members=args.members or 30,
@@ -545,7 +558,7 @@ def main(args: Any, device: torch.device) -> int:
                 path,
                 sizes,
                 args.ranks,
-                args.shard,
+                modes,
             )
         )
         if device.type == "cuda":
