@@ -13,7 +13,7 @@ import logging
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales, weight_m
 from evolm.lora.norms import READ_ERRORS, target_weights, weight_norm
 from evolm.model.spec import TinyModel
 from evolm.task.base import Task
-from evolm.worklog import WorkLog
 
 log = logging.getLogger(__name__)
 
@@ -257,14 +256,11 @@ class Parts:
     make_engine: Any
     callbacks: dict[str, Callback]  # "callbacks.<name>", then "logger.<name>"
     extra_evals: dict[str, Task]  # also scored at every eval of the mean (forgetting check)
-    worklog: WorkLog = field(default_factory=WorkLog)  # the loop's per-prompt lengths
 
     @property
     def stateful(self) -> dict[str, Stateful]:
-        """What a checkpoint carries state of: the task and callbacks with ``state_dict()``,
-        and the loop's :class:`~evolm.worklog.WorkLog` (a resumed run schedules rows as the
-        uninterrupted one)."""
-        parts = {"task": self.task, **self.callbacks, "loop.worklog": self.worklog}
+        """What a checkpoint carries state of: the task and callbacks with ``state_dict()``."""
+        parts = {"task": self.task, **self.callbacks}
         return {k: v for k, v in parts.items() if isinstance(v, Stateful)}
 
 
@@ -395,7 +391,6 @@ def make_loop(
         comm=comm,
         base_norm=base_norm,
         extra_evals=parts.extra_evals,
-        worklog=parts.worklog,
     )
 
 

@@ -6,9 +6,8 @@ the first host of ``SLURM_JOB_NODELIST``), :func:`setup` joins the process group
 gloo on CPU; ``EVOLM_DIST_BACKEND`` overrides) and puts rank ``r`` on ``cuda:LOCAL_RANK``.
 
 Every rank runs the whole loop: it rebuilds the same population from the seeds, generates and
-scores ITS rows of the (member, prompt) grid (rows ``rank, rank + world, ...``: interleaved; or,
-given each row's expected work, :func:`balanced`'s shares, so ranks finish together), and one
-all-gather gives every rank every row's scores, so every rank
+scores ITS rows of the (member, prompt) grid (rows ``rank, rank + world, ...``: interleaved, so
+ranks finish together), and one all-gather gives every rank every row's scores, so every rank
 computes the same fitness and applies the same ES update. :meth:`Comm.check_same` compares a
 checksum of the mean across ranks after each update. Only rank 0 writes anything.
 
@@ -19,9 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
-import heapq
 import logging
-import math
 import os
 import re
 import time
@@ -39,31 +36,6 @@ CLOSE_TIMEOUT_S = 60.0  # how long a finished rank waits for the others before l
 
 class DivergenceError(RuntimeError):
     """Ranks hold different ES means: their updates were not identical."""
-
-
-Assignment = Sequence[Sequence[int]]
-"""Per rank, the indices of the items it takes, in its order (:func:`balanced`)."""
-
-
-def balanced(costs: Sequence[float], ranks: int) -> list[list[int]]:
-    """Split items of expected work ``costs`` over ``ranks`` (LPT greedy): indices ordered by
-    ``(-cost, index)``, each to the rank with the least load so far (ties: the lowest rank).
-    Each rank's list is in that order (its most expensive first: what a scheduler should admit
-    first); the loads end within one item's cost of each other. A pure function of its
-    arguments: every rank computes the same assignment."""
-    if ranks < 1:
-        raise ValueError(f"ranks must be >= 1, got {ranks}")
-    bad = [c for c in costs if not (math.isfinite(c) and c >= 0)]
-    if bad:
-        raise ValueError(f"costs must be finite and >= 0, got {bad[:3]}")
-    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
-    parts: list[list[int]] = [[] for _ in range(ranks)]
-    loads = [(0.0, r) for r in range(ranks)]  # a heap of (load, rank): least, then lowest rank
-    for i in order:
-        load, r = heapq.heappop(loads)
-        parts[r].append(i)
-        heapq.heappush(loads, (load + costs[i], r))
-    return parts
 
 
 @dataclass(frozen=True)
@@ -135,32 +107,16 @@ class Comm:
         """This rank's device: ``cuda:LOCAL_RANK`` with GPUs (``cuda`` alone), else CPU."""
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
-    def shard(self, items: Sequence[T], assignment: Assignment | None = None) -> list[T]:
-        """This rank's share of ``items``: every ``world_size``-th one from ``rank``; with an
-        ``assignment`` (one index list per rank, e.g. :func:`balanced`), ``items`` at this
-        rank's indices, in their order."""
-        if assignment is None:
-            return list(items[self.rank :: self.world_size])
-        if len(assignment) != self.world_size:
-            raise ValueError(f"{len(assignment)} shares for {self.world_size} ranks")
-        return [items[i] for i in assignment[self.rank]]
+    def shard(self, items: Sequence[T]) -> list[T]:
+        """This rank's share of ``items``: every ``world_size``-th one from ``rank``."""
+        return list(items[self.rank :: self.world_size])
 
-    def unshard(
-        self, parts: Sequence[Sequence[T]], assignment: Assignment | None = None
-    ) -> list[T]:
-        """Inverse of :meth:`shard` (with the same ``assignment``): the per-rank lists put back
-        into one, in item order."""
+    def unshard(self, parts: Sequence[Sequence[T]]) -> list[T]:
+        """Inverse of :meth:`shard`: the per-rank lists interleaved back into one."""
         total = sum(len(p) for p in parts)
         out: list[Any] = [None] * total
-        if assignment is None:
-            for r, part in enumerate(parts):
-                out[r :: len(parts)] = list(part)
-            return out
-        for indices, part in zip(assignment, parts, strict=True):
-            if len(indices) != len(part):
-                raise ValueError(f"a share of {len(indices)} items came back with {len(part)}")
-            for i, item in zip(indices, part, strict=True):
-                out[i] = item
+        for r, part in enumerate(parts):
+            out[r :: len(parts)] = list(part)
         return out
 
     def gather(self, obj: T) -> list[T]:

@@ -1,20 +1,7 @@
-"""Evaluate a population on a task: the one place that knows both an engine and a task.
-
-Given each prompt's expected completion length (``expected``, from the prompt's last visit:
-:class:`evolm.worklog.WorkLog`) and greedy decoding, the rows are scheduled by expected work:
-one process hands its engine the rows longest-expected first (the scheduler starts the long
-rows first, so a generation does not end on a few long rows running alone); a process group
-splits the rows with :func:`evolm.dist.balanced` (equal expected work per rank, each rank's
-longest first). Greedy tokens do not depend on the order or batch a row runs in, so this
-changes timings only, never a completion; with sampling (``temperature > 0``) a row's random
-draws depend on its position, so the rows keep today's order and sharding. So do engines that
-group rows by member set (:attr:`~evolm.engine.base.Engine.batches_any_rows` False: servers),
-where a balanced shard would take several calls instead of one to three.
-"""
+"""Evaluate a population on a task: the one place that knows both an engine and a task."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -23,8 +10,8 @@ import torch
 
 from evolm import metrics as M
 from evolm.diagnostics import RowStats, completion_stats, summarize
-from evolm.dist import SINGLE, Assignment, Comm, balanced
-from evolm.engine.base import Engine, Row, completion_info
+from evolm.dist import SINGLE, Comm
+from evolm.engine.base import Engine
 from evolm.lora.layout import LoraPopulation
 from evolm.task.base import Example, Scores, Task
 
@@ -41,32 +28,6 @@ class Evaluation:
     comm_s: float = 0.0  # a distributed evaluation's all-gather (and broadcast), in score_s
     diagnostics: dict[str, float] = field(default_factory=dict)  # evolm.diagnostics.summarize
     scores: Scores = field(default_factory=dict)  # per completion, member-major rows
-    rows: list[Row] = field(default_factory=list)  # the (member, prompt) rows THIS process made
-    lengths: list[float] = field(default_factory=list)  # per row, member-major; every rank's
-
-
-PREFILL_COST = 1.0
-"""A row's cost beyond its expected completion tokens, for :func:`evolm.dist.balanced`: its
-prompt's prefill (one batched forward, about one decode step), so rows expected to be empty
-still count and spread over the ranks."""
-
-
-def row_lengths(completions: Sequence[str]) -> list[float]:
-    """Each completion's length: its new tokens where the engine says
-    (:class:`~evolm.engine.base.Completion`), else its characters."""
-    out = []
-    for text in completions:
-        tokens, _ = completion_info(text)
-        out.append(
-            float(tokens) if tokens is not None and math.isfinite(tokens) else float(len(text))
-        )
-    return out
-
-
-def row_costs(expected: Sequence[float], members: int) -> list[float]:
-    """The expected work of each member-major row: its prompt's expected length plus
-    :data:`PREFILL_COST`."""
-    return [float(expected[p]) + PREFILL_COST for _ in range(members) for p in range(len(expected))]
 
 
 def render(engine: Engine, example: Example) -> str:
@@ -83,47 +44,25 @@ def evaluate(
     adapters: LoraPopulation | None,
     seed: int,
     comm: Comm = SINGLE,
-    expected: Sequence[float] | None = None,
 ) -> Evaluation:
     """Generate every member's completions in one engine call and score them in one batch.
 
     In a process group (``comm``), each rank generates its shard of the (member, prompt) rows
     (:meth:`Comm.shard`: interleaved) and every rank ends with every row's scores (one
     all-gather), so every rank returns the same :class:`Evaluation` as one process would;
-    ``completions`` then holds only this rank's rows (others are empty strings; ``rows`` names
-    this rank's).
-
-    ``expected``: per prompt, its expected completion length (any unit, the same for every
-    prompt). With greedy decoding and an engine that batches any rows
-    (:attr:`Engine.batches_any_rows`) the rows are then scheduled by expected work (the module
-    docstring); the result is the same.
+    ``completions`` then holds only this rank's rows (others are empty strings).
     """
-    members, n_prompts = (1 if adapters is None else len(adapters)), len(examples)
-    if expected is not None and len(expected) != n_prompts:
-        raise ValueError(f"{len(expected)} expected lengths for {n_prompts} prompts")
-    scheduled = expected is not None and task.sampling.temperature == 0 and engine.batches_any_rows
-    costs = row_costs(expected, members) if scheduled and expected is not None else None
     if comm.world_size > 1:
-        assignment = None if costs is None else balanced(costs, comm.world_size)
-        return _evaluate_sharded(engine, task, examples, adapters, seed, comm, assignment)
+        return _evaluate_sharded(engine, task, examples, adapters, seed, comm)
     start = time.perf_counter()
-    prompts = [render(engine, e) for e in examples]
-    rows = [(m, p) for m in range(members) for p in range(n_prompts)]
-    if costs is None:
-        completions = engine.generate(prompts, adapters, task.sampling, seed)
-    else:  # longest expected first (stable): the long rows start first
-        order = balanced(costs, 1)[0]
-        texts = engine.generate_rows(
-            prompts, adapters, [rows[i] for i in order], task.sampling, seed
-        )
-        by_row = SINGLE.unshard([texts], [order])
-        completions = [by_row[m * n_prompts : (m + 1) * n_prompts] for m in range(members)]
+    completions = engine.generate(
+        [render(engine, e) for e in examples], adapters, task.sampling, seed
+    )
     generated = time.perf_counter()
     flat = [c for member in completions for c in member]
     scores = task.score(list(examples) * len(completions), flat)
     stats = completion_stats(flat)
-    ev = _evaluation(task, scores, stats, completions, n_prompts, start, generated)
-    return replace(ev, rows=rows, lengths=row_lengths(flat))
+    return _evaluation(task, scores, stats, completions, len(examples), start, generated)
 
 
 def _evaluation(
@@ -159,40 +98,36 @@ def _evaluate_sharded(
     adapters: LoraPopulation | None,
     seed: int,
     comm: Comm,
-    assignment: Assignment | None = None,
 ) -> Evaluation:
-    """:func:`evaluate` over a process group: this rank's rows (interleaved, or the indices
-    ``assignment`` gives it, in that order), then one all-gather."""
+    """:func:`evaluate` over a process group: this rank's rows, then one all-gather."""
     start = time.perf_counter()
     members, n_prompts = (1 if adapters is None else len(adapters)), len(examples)
     rows = [(m, p) for m in range(members) for p in range(n_prompts)]
-    mine = comm.shard(rows, assignment)
+    mine = comm.shard(rows)
     prompts = [render(engine, e) for e in examples]
     texts = engine.generate_rows(prompts, adapters, mine, task.sampling, seed) if mine else []
     generated = time.perf_counter()
     if task.row_scores:  # each rank scores its rows; one all-gather of scores and stats
         local: Scores = task.score([examples[p] for _, p in mine], texts) if mine else {}
         sent = time.perf_counter()
-        parts = comm.gather((local, completion_stats(texts), row_lengths(texts)))
+        parts = comm.gather((local, completion_stats(texts)))
         comm_s = time.perf_counter() - sent
-        scores = _merge_scores([p[0] for p in parts], comm, type(task).__name__, assignment)
-        stats = {k: comm.unshard([p[1][k] for p in parts], assignment) for k in parts[0][1]}
-        lengths = comm.unshard([p[2] for p in parts], assignment)
+        scores = _merge_scores([p for p, _ in parts], comm, type(task).__name__)
+        stats = {k: comm.unshard([s[k] for _, s in parts]) for k in parts[0][1]}
     else:  # the whole population scored at once, as one process does
         sent = time.perf_counter()
-        every = comm.unshard(comm.gather(texts), assignment)
+        every = comm.unshard(comm.gather(texts))
         comm_s = time.perf_counter() - sent
         whole = task.score([examples[p] for _, p in rows], every) if comm.is_main else {}
         sent = time.perf_counter()
         scores = comm.broadcast(whole)
         comm_s += time.perf_counter() - sent
         stats = completion_stats(every)
-        lengths = row_lengths(every)
     completions = [[""] * n_prompts for _ in range(members)]
     for (m, p), text in zip(mine, texts, strict=True):
         completions[m][p] = text
     ev = _evaluation(task, scores, stats, completions, n_prompts, start, generated)
-    return replace(ev, comm_s=comm_s, rows=mine, lengths=lengths)
+    return replace(ev, comm_s=comm_s)
 
 
 def kl_to_base(
@@ -201,15 +136,12 @@ def kl_to_base(
     completions: Sequence[str],
     adapter: LoraPopulation,
     comm: Comm = SINGLE,
-    mine: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """``{kl_mean, kl_std}``: the mean and std over every scored token of the per-token
     KL(adapted || base) along one member's ``completions`` of ``examples``
     (:meth:`Engine.kl_to_base`); empty where the engine cannot score. In a process group each
-    rank scores the prompts it generated (``mine``: the prompts of the evaluation's ``rows``;
-    None: :meth:`Comm.shard`'s) and one all-gather joins them."""
-    if mine is None:
-        mine = comm.shard(range(len(examples))) if comm.world_size > 1 else range(len(examples))
+    rank scores the prompts it generated (:meth:`Comm.shard`) and one all-gather joins them."""
+    mine = comm.shard(range(len(examples))) if comm.world_size > 1 else range(len(examples))
     prompts = [render(engine, examples[p]) for p in mine]
     texts = [completions[p] for p in mine]
     values = engine.kl_to_base(prompts, texts, adapter) if prompts else []
@@ -222,13 +154,10 @@ def kl_to_base(
     return {M.KL_MEAN: tokens.mean().item(), M.KL_STD: tokens.std(unbiased=False).item()}
 
 
-def _merge_scores(
-    parts: Sequence[Scores], comm: Comm, task_name: str, assignment: Assignment | None = None
-) -> Scores:
-    """The per-rank score dicts (rank ``r``: rows ``r, r + world, ...``, or its share of
-    ``assignment``) as one, in row order."""
+def _merge_scores(parts: Sequence[Scores], comm: Comm, task_name: str) -> Scores:
+    """The per-rank score dicts (rank ``r``: rows ``r, r + world, ...``) as one, in row order."""
     keys = {tuple(sorted(p)) for p in parts if p}
     if len(keys) != 1:
         raise KeyError(f"{task_name}.score returned different keys on different ranks: {keys}")
     names = next(iter(keys))
-    return {k: comm.unshard([p.get(k, []) for p in parts], assignment) for k in names}
+    return {k: comm.unshard([p.get(k, []) for p in parts]) for k in names}

@@ -29,8 +29,7 @@ from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
 from evolm.interrupt import deferred
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.norms import delta_norm
-from evolm.task.base import Example, Task
-from evolm.worklog import WorkLog
+from evolm.task.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -71,39 +70,22 @@ class ESLoop:
     comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
     base_norm: float | None = None  # of the adapted base weights: es/update_rel, es/mean_rel
     extra_evals: Mapping[str, Task] = field(default_factory=dict)  # eval/<name>/<score>_mean
-    # each prompt's completion length at its last visit: rows scheduled by expected work
-    worklog: WorkLog = field(default_factory=WorkLog)
-
-    def evaluate_prompts(
-        self,
-        task: Task,
-        examples: Sequence[Example],
-        adapters: LoraPopulation | None,
-        seed: int,
-    ) -> Evaluation:
-        """:func:`evaluate` with each prompt's expected work from :attr:`worklog` (none known:
-        as without it), which then records this visit's lengths."""
-        prompts = [render(self.engine, e) for e in examples]
-        expected = self.worklog.expected(prompts)
-        ev = evaluate(self.engine, task, examples, adapters, seed, self.comm, expected)
-        self.worklog.record(prompts, ev.lengths)
-        return ev
 
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, self.mean_adapter(state))
         examples = self.task.eval_examples()
-        ev = self.evaluate_prompts(self.task, examples, mean, self.seed)
-        mine = sorted(p for _, p in ev.rows)  # the prompts this process generated
+        ev = evaluate(self.engine, self.task, examples, mean, self.seed, self.comm)
         metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
         metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
         if not self.full:  # full: the engine's base IS the mean, its KL to itself says nothing
-            kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm, mine)
+            kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
             metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
         for name, task in self.extra_evals.items():  # what ES costs on tasks it does not train
-            extra = self.evaluate_prompts(task, task.eval_examples(), mean, self.seed)
+            extra = evaluate(self.engine, task, task.eval_examples(), mean, self.seed, self.comm)
             metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
+        mine = self.comm.shard(range(len(examples)))  # the rows this process generated
         samples = [
             Sample(
                 render(self.engine, examples[p]),
@@ -147,7 +129,9 @@ class ESLoop:
         adapters = LoraPopulation(self.layout, tuple(self.strategy.sample(state, pop)))
         sampled = time.perf_counter()
         examples = self.task.train_examples(generation)
-        ev = self.evaluate_prompts(self.task, examples, adapters, self.seed + generation)
+        ev: Evaluation = evaluate(
+            self.engine, self.task, examples, adapters, self.seed + generation, self.comm
+        )
         told = time.perf_counter()
         timings = dict(self.engine.last_timings)  # prefill/decode; servers: adapter I/O
         with deferred():  # full mode folds in place: the master and the engine move together

@@ -130,7 +130,6 @@ LEAVES = {
     "evolm.files": set(),
     "evolm.interrupt": set(),
     "evolm.dist": set(),
-    "evolm.worklog": set(),
 }
 
 
@@ -212,7 +211,7 @@ def test_optional_hooks_have_no_op_defaults() -> None:
     from evolm.task.base import Task
 
     for cls, hooks in (
-        (Engine, ("last_timings", "use_layout", "kl_to_base", "batches_any_rows")),
+        (Engine, ("last_timings", "use_layout", "kl_to_base")),
         (Task, ("after_generation",)),
     ):
         abstract = getattr(cls, "__abstractmethods__", frozenset())

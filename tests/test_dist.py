@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from evolm import dist
 from evolm.dist import SINGLE, DivergenceError, checksum, first_host, launch_env
 from evolm.engine.base import Completion, Engine
-from evolm.evaluate import evaluate, row_costs
+from evolm.evaluate import evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation, LoraTarget
 from evolm.sampling import Sampling
 from evolm.server.connection import free_port
@@ -123,13 +123,6 @@ class LabelEngine(Engine):
     def close(self) -> None: ...
 
 
-class AnyRows(LabelEngine):
-    """The same completions, as an engine whose ``generate_rows`` takes any rows in one batch
-    (the default one groups them, correct for any rows)."""
-
-    batches_any_rows = True
-
-
 class LengthTask(Task):
     """reward = length of the completion; ``batch`` also counts the batch's duplicates (a reward
     that depends on the other rows: only right when the whole population is scored at once)."""
@@ -179,23 +172,6 @@ def _worker(rank: int, world: int, port: int) -> None:
             assert set(alone.diagnostics) >= {"truncated_share", "completion_tokens"}
             mine = comm.shard([(m, p) for m in range(5) for p in range(3)])
             assert all(shared.completions[m][p] == alone.completions[m][p] for m, p in mine)
-            assert shared.rows == mine and shared.lengths == alone.lengths
-            # rows balanced by expected work: this rank's share of balanced(), longest first
-            expected = [1.0, 9.0, 5.0]
-            grouped = evaluate(engine, task, examples, pop, 0, comm, expected=expected)
-            assert grouped.rows == mine  # an engine that groups rows by member set: interleaved
-            balanced = evaluate(AnyRows(), task, examples, pop, 0, comm, expected=expected)
-            assert torch.equal(balanced.fitness, alone.fitness)
-            assert balanced.metrics == alone.metrics and balanced.diagnostics == alone.diagnostics
-            assert balanced.scores == alone.scores and balanced.lengths == alone.lengths
-            rows = [(m, p) for m in range(5) for p in range(3)]
-            costs = row_costs(expected, 5)
-            assert balanced.rows == comm.shard(rows, dist.balanced(costs, 2)) != mine
-            assert [expected[p] for _, p in balanced.rows] == sorted(
-                (expected[p] for _, p in balanced.rows), reverse=True
-            )
-            for m, p in balanced.rows:
-                assert balanced.completions[m][p] == alone.completions[m][p]
             # one row for two ranks: rank 1 has none
             one = evaluate(engine, task, task.eval_examples(), None, seed=0, comm=comm)
             assert one.metrics == {"reward": 1.0 + (not row_scores), "length": 1.0}

@@ -23,9 +23,7 @@ from evolm.callbacks.checkpoint import Checkpointer
 from evolm.checkpoint import checkpoints, latest_checkpoint, save_checkpoint
 from evolm.es import ES, ESState
 from evolm.lora import LoraLayout
-from evolm.task.conciseness import Conciseness
 from evolm.task.scorer import Scorer
-from evolm.worklog import WorkLog
 from tests.helpers import REPO, generation_record, read_results, run_cli
 
 GENERATIONS = 24
@@ -204,25 +202,6 @@ def test_checkpoint_without_its_config_is_checked_on_its_seed(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "was written by a run with seed=5 (config.yaml: 0)" in out
-
-
-def test_checkpoint_carries_the_last_lengths_of_every_prompt(fast_run: Path) -> None:
-    """The loop's per-prompt history (evolm.worklog: each prompt's mean completion length at its
-    last visit, what a generation's rows are scheduled by) is checkpoint state: a resumed run
-    schedules its rows as the uninterrupted one. Here it holds generation 3's lengths."""
-    found = latest_checkpoint(fast_run / "checkpoints")
-    assert found is not None and found.generation == 3
-    log = WorkLog()
-    log.load_state_dict(found.state["loop.worklog"])
-    task = Conciseness()  # raw-text prompts: rendered as they are
-    train = [str(e.prompt) for e in task.train_examples(3)]
-    evals = [str(e.prompt) for e in task.eval_examples()]
-    assert len(log) == len(set(train) | set(evals))
-    last = read_results(fast_run)[-1]
-    for prompts, key in ((train, "train/completion_tokens"), (evals, "eval/completion_tokens")):
-        expected = log.expected(prompts)
-        assert expected is not None
-        assert sum(expected) / len(expected) == pytest.approx(last[key], rel=1e-12)
 
 
 # -- the checkpoint files, in process ----------------------------------------------------

@@ -133,14 +133,6 @@ class Engine(Protocol):
 
     # -- optional hooks (no-op defaults) ----------------------------------------------------
     @property
-    def batches_any_rows(self) -> bool:
-        """Whether :meth:`generate_rows` runs rows of any members, in any order, as one batch
-        in the order given (the local engine's fast path). False (this default): rows are
-        grouped by the members that answer the same prompts, one :meth:`generate` per group, so
-        a caller keeps the rows interleaved (few groups) and their order does not matter."""
-        return False
-
-    @property
     def last_timings(self) -> Mapping[str, float]:
         """Seconds (or counts) of the last ``generate``'s phases, logged as ``time/engine_*``."""
         return {}

@@ -456,11 +456,6 @@ class LocalEngine(Engine):
             self.scheduler.reset()
 
     @property
-    def batches_any_rows(self) -> bool:
-        """The fast path (continuous batching) takes any rows in one call, admitted in order."""
-        return self.scheduler is not None
-
-    @property
     def last_timings(self) -> dict[str, float]:
         """Phase times and counts of the last fast-path generation."""
         return {} if self.scheduler is None else dict(self.scheduler.last_timings)
