@@ -6,6 +6,8 @@
         --sglang-model-path /tmp/m-0.5b                     # + evolm with server=sglang
     python -m benchmarks --shape qwen2.5-0.5b --save-model /tmp/m-0.5b   # a dir to serve
     python -m benchmarks --real --shape qwen2.5-1.5b --sglang-python /tmp/sgpy  # W-real
+    python -m benchmarks --real --regimes variable --methods continuous --ranks 2 \
+        --shard interleaved,balanced                        # W-real's 2 shards, each way
 
 Imports neither Hydra nor evolm's config: it runs where only torch and transformers are.
 """
@@ -50,6 +52,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--real", action="store_true", help="W-real: 30 x 200 rows, up to 1,024 new")
     p.add_argument("--regimes", default="variable,fixed", help="--real: fixed and/or variable")
     p.add_argument("--sglang-python", help="--real: python that runs sglang.launch_server")
+    p.add_argument(
+        "--ranks", type=int, default=1, help="--real: also time each of K shards (K GPUs' rows)"
+    )
+    p.add_argument(
+        "--shard",
+        default="interleaved",
+        help="--real --ranks K: interleaved (rows r, r+K, ...), balanced (by "
+        "row budget, LPT) or interleaved,balanced",
+    )
     p.add_argument(
         "--wave-rows", type=int, default=2000, help="--real: ignored (the waves path was removed)"
     )

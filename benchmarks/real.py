@@ -28,6 +28,16 @@ Methods (``--methods``):
 Each record: seconds, generated tokens, tokens/s, peak device memory, and the floor (GEMM
 FLOPs at the dense bf16 rate and KV-cache reads at HBM bandwidth, whichever is larger).
 
+``--ranks K`` (local methods) also times each of the K shards of the generation, one after
+another on this one device, after the whole population (warm: the same workspace and graphs):
+what each rank of ``torchrun --nproc_per_node=K -m evolm`` generates. ``--shard interleaved``:
+rows ``r, r + K, ...`` (what ``evolm.dist`` does); ``--shard balanced``: rows split by exact
+work (:func:`balanced`, each row's budget as its cost, each shard longest first: the best a
+scheduler that knew every length could do); ``--shard interleaved,balanced``: both,
+on the same warm engine. Recorded under ``shards.<mode>``: per shard seconds, tokens and decode
+steps, the slowest shard, and ``speedup`` = the whole population's seconds / the slowest
+shard's (the K-GPU speed-up, all-gather aside).
+
 The local methods use the engine's public API only: one :class:`LocalEngine` over the model,
 a sibling per method (:meth:`LocalEngine.with_options`: the fp8 options), rows of any members
 with per-row budgets through :meth:`LocalEngine.generate_ids`.
@@ -35,6 +45,7 @@ with per-row budgets through :meth:`LocalEngine.generate_ids`.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
@@ -130,14 +141,23 @@ def _peak(device: torch.device) -> float:
 
 
 def run_local(
-    engine: LocalEngine, ids: torch.Tensor, pop: LoraPopulation, budgets: list[int]
+    engine: LocalEngine,
+    ids: torch.Tensor,
+    pop: LoraPopulation,
+    budgets: list[int],
+    share: list[int] | None = None,
 ) -> dict[str, Any]:
-    """One generation of all rows on the local engine; its timing and memory."""
+    """One generation of all rows (member-major: row ``i`` is member ``i // P``, prompt
+    ``i % P``; or the rows ``share``, in its order) on the local engine; its timing and
+    memory."""
     device = engine.device
     members, prompts = len(pop), ids.shape[0]
-    rows = ids.repeat(members, 1)
+    share = list(range(members * prompts)) if share is None else share
+    index = torch.tensor(share, dtype=torch.long, device=device)
+    rows = ids[index % prompts]
     mask = torch.ones_like(rows)
-    member = torch.arange(members, device=device).repeat_interleave(prompts)
+    member = index // prompts
+    budgets = [budgets[i] for i in share]
     sampling = Sampling(max_new_tokens=max(budgets))
     _peak_reset(device)
     start = time.perf_counter()
@@ -162,6 +182,62 @@ def run_local(
             timings=engine.last_timings,
         )
     return rec
+
+
+SHARD_MODES = ("interleaved", "balanced")
+
+
+def balanced(costs: list[float], ranks: int) -> list[list[int]]:
+    """Items of work ``costs`` over ``ranks`` (LPT greedy): largest first, each to the least
+    loaded rank (ties: the lowest); each rank's list largest first. Loads end within one item's
+    cost of each other."""
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    parts: list[list[int]] = [[] for _ in range(ranks)]
+    loads = [(0.0, r) for r in range(ranks)]  # a heap of (load, rank)
+    for i in order:
+        load, r = heapq.heappop(loads)
+        parts[r].append(i)
+        heapq.heappush(loads, (load + costs[i], r))
+    return parts
+
+
+def shards(rows: int, budgets: list[int], ranks: int, mode: str) -> list[list[int]]:
+    """The K ranks' rows: interleaved (``r, r + K, ...``) or balanced by budget."""
+    if mode == "interleaved":
+        return [list(range(r, rows, ranks)) for r in range(ranks)]
+    if mode == "balanced":
+        return balanced([float(b) for b in budgets], ranks)
+    raise ValueError(f"--shard: interleaved or balanced, got {mode!r}")
+
+
+def run_shards(
+    engine: LocalEngine,
+    ids: torch.Tensor,
+    pop: LoraPopulation,
+    budgets: list[int],
+    ranks: int,
+    mode: str,
+    whole_s: float,
+) -> dict[str, Any]:
+    """Each of the ``ranks`` shards of the rows, one after another; the slowest one and the
+    speed-up over the whole population's ``whole_s``."""
+    per: list[dict[str, Any]] = []
+    for r, share in enumerate(shards(len(budgets), budgets, ranks, mode)):
+        rec = run_local(engine, ids, pop, budgets, share)
+        steps = rec.get("timings", {}).get("steps")
+        per.append({"rank": r, "rows": len(share), "seconds": rec["seconds"],
+                    "tokens": rec["tokens"], "steps": steps})  # fmt: skip
+        log.info("shard %d of %d (%s): %s", r, ranks, mode, per[-1])
+    slowest = max(per, key=lambda s: s["seconds"])
+    return {
+        "mode": mode,
+        "ranks": ranks,
+        "per_shard": per,
+        "slowest_rank": slowest["rank"],
+        "slowest_s": slowest["seconds"],
+        "whole_s": whole_s,
+        "speedup": whole_s / slowest["seconds"],
+    }
 
 
 # -- SGLang --------------------------------------------------------------------------------
@@ -302,8 +378,12 @@ def run(
     sglang_python: str | None = None,
     out: Path | None = None,
     sizes: Sizes = Sizes(),
+    ranks: int = 1,
+    shard: str | list[str] = "interleaved",
 ) -> dict[str, Any]:
-    """Every (method, regime) of one shape; the record (also written to ``out`` as it grows)."""
+    """Every (method, regime) of one shape; the record (also written to ``out`` as it grows).
+    ``ranks`` > 1: each local method's shards too (:func:`run_shards`, ``shard`` their modes)."""
+    modes = [shard] if isinstance(shard, str) else list(shard)
     dtype = DTYPES["bfloat16"] if device.type == "cuda" else DTYPES["float32"]
     work = Workload(shape=shape, members=sizes.members, prompts=sizes.prompts,
                     prompt_len=sizes.prompt_len, new_tokens=sizes.max_new, rank=4,
@@ -363,6 +443,19 @@ def run(
             record["results"][regime][method] = rec
             log.info("%s %s %s: %s", shape, regime, method, rec)
             save()
+        for regime in regimes if ranks > 1 else []:  # warm: after every regime's whole run
+            rec = record["results"][regime][method]
+            if "seconds" not in rec:
+                continue
+            budgets = lengths(regime, sizes.rows, sizes.max_new)
+            for mode in modes:
+                try:
+                    got = run_shards(local, ids, pop, budgets, ranks, mode, rec["seconds"])
+                except Exception as e:
+                    log.exception("%s %s shards failed", method, mode)
+                    got = {"error": repr(e)[:2000]}
+                rec.setdefault("shards", {})[mode] = got
+                save()
         local.close()
         del local
     if "sglang" in methods or "evolm_sglang" in methods:
@@ -425,12 +518,39 @@ def markdown(records: list[dict[str, Any]]) -> str:
                     f"| {rec['shape']} | {regime} | {method} | {r['seconds']:.1f} | "
                     f"{r['tokens']:,} | {r['tokens_per_s']:,.0f} | {peak:.1f} | {fl:.1f} |"
                 )
+    sharded = [
+        (rec["shape"], regime, method, sh)
+        for rec in records
+        for regime, res in rec["results"].items()
+        for method, r in res.items()
+        if isinstance(r, dict)
+        for sh in r.get("shards", {}).values()
+        if "speedup" in sh
+    ]
+    if sharded:
+        lines += [
+            "",
+            "| shape | regime | method | shards | per-shard s | per-shard tokens | slowest s "
+            "| speed-up |",
+            "|---|---|---|---|---|---|---:|---:|",
+        ]
+        for shape, regime, method, sh in sharded:
+            secs = " / ".join(f"{s['seconds']:.2f}" for s in sh["per_shard"])
+            toks = " / ".join(f"{s['tokens']:,}" for s in sh["per_shard"])
+            lines.append(
+                f"| {shape} | {regime} | {method} | {sh['ranks']} {sh['mode']} | {secs} | "
+                f"{toks} | {sh['slowest_s']:.2f} | {sh['speedup']:.2f}x |"
+            )
     return "\n".join(lines)
 
 
 def main(args: Any, device: torch.device) -> int:
     methods = [m.strip() for m in args.methods.split(",")]
     regimes = [r.strip() for r in args.regimes.split(",")]
+    modes = [m.strip() for m in args.shard.split(",")]
+    unknown = sorted(set(modes) - set(SHARD_MODES))
+    if unknown:
+        raise SystemExit(f"--shard: unknown {unknown}; choose from {','.join(SHARD_MODES)}")
     records = []
     sizes = Sizes(
         members=args.members or 30,
@@ -442,7 +562,19 @@ def main(args: Any, device: torch.device) -> int:
         path = Path(args.json) if args.json else None
         if path is not None and len(args.shape or []) > 1:
             path = path.with_name(f"{path.stem}-{shape}{path.suffix}")
-        records.append(run(shape, methods, regimes, device, args.sglang_python, path, sizes))
+        records.append(
+            run(
+                shape,
+                methods,
+                regimes,
+                device,
+                args.sglang_python,
+                path,
+                sizes,
+                args.ranks,
+                modes,
+            )
+        )
         if device.type == "cuda":
             torch.cuda.empty_cache()
     table = markdown(records)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.__main__ import main
 from benchmarks.roofline import Dims, floor
 from benchmarks.shapes import shape_config
@@ -80,6 +82,44 @@ def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
         assert "continuous batching replaced it" in res["waves"]["error"]
     assert record["results"]["fixed"]["tokens"] == 2 * 3 * 6
     assert "| waves | error |" in proc.stdout
+
+
+def test_real_bench_times_each_ranks_shard(tmp_path) -> None:
+    """``--ranks 2 --shard interleaved,balanced``: after the whole population, each of the 2
+    shards of the rows (interleaved; balanced with each row's budget as its cost),
+    with its seconds, tokens and decode steps; the speed-up is the whole population's seconds
+    over the slowest shard's. Balanced shards differ in tokens by one row's budget at most;
+    interleaved ones need not."""
+    from benchmarks.real import lengths, shards
+
+    out_json, out_md = tmp_path / "real.json", tmp_path / "real.md"
+    args = ["--real", "--shape", "tiny", "--members", "4", "--prompts", "4", "--prompt-len", "8"]
+    args += ["--new-tokens", "32", "--device", "cpu", "--regimes", "variable"]
+    args += ["--methods", "continuous", "--ranks", "2", "--shard", "interleaved,balanced"]
+    assert main([*args, "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    res = json.loads(out_json.read_text())["results"]["variable"]
+    assert set(res["continuous"]["shards"]) == {"interleaved", "balanced"}
+    sh = res["continuous"]["shards"]["balanced"]
+    assert (sh["mode"], sh["ranks"]) == ("balanced", 2)
+    per = sh["per_shard"]
+    assert sum(s["tokens"] for s in per) == res["tokens"] and sum(s["rows"] for s in per) == 16
+    assert all(s["seconds"] > 0 and s["steps"] > 0 for s in per)
+    assert sh["slowest_s"] == max(s["seconds"] for s in per)
+    assert sh["speedup"] == res["continuous"]["seconds"] / sh["slowest_s"]
+    budgets = lengths("variable", 16, 32)
+    assert abs(per[0]["tokens"] - per[1]["tokens"]) <= max(budgets)
+    spread = {
+        mode: [sum(budgets[i] for i in share) for share in shards(16, budgets, 2, mode)]
+        for mode in ("interleaved", "balanced")
+    }
+    assert [s["tokens"] for s in per] == spread["balanced"]
+    interleaved = res["continuous"]["shards"]["interleaved"]["per_shard"]
+    assert [s["tokens"] for s in interleaved] == spread["interleaved"]
+    assert max(spread["balanced"]) < max(spread["interleaved"])  # 147 / 144 vs 133 / 158
+    table = out_md.read_text()
+    assert "| 2 balanced |" in table and "| 2 interleaved |" in table
+    with pytest.raises(SystemExit, match="--shard: unknown"):
+        main([*args[:-1], "rows", "--json", str(out_json)])
 
 
 ENGINE_API = {"evolm.engine", "evolm.engine.base", "evolm.engine.local", "evolm.engine.options"}
