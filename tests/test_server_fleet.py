@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -61,6 +62,36 @@ def test_fleet_rows_equal_one_local_engine(
     # both servers answered (each got every member: 15 rows over 2 servers, 3 prompts)
     for server in servers:
         assert server.generation >= 3  # type: ignore[attr-defined]  (self-test: 2, then >= 1)
+
+
+def test_each_server_gets_its_share_as_one_request(fleet: Fleet, layout: LoraLayout) -> None:
+    """Interleaved rows give a server members that answer different prompts (5 members x 3
+    prompts over 2 servers: server 0 has the even members' prompts 0 and 2, the odd members'
+    prompt 1). Its share is still one staged generation and one ``/generate``: one request
+    per set of members ran the sets one after another, each a fraction of a batch (4 x H100:
+    11 s of a 25 s generation)."""
+    pop, sampling = population(layout, 5), Sampling(max_new_tokens=4)
+    sent: list[str] = []
+    for engine in fleet.engines:
+        server = engine.server  # type: ignore[attr-defined]
+        original = server.request
+
+        def spy(method: str, path: str, *args: Any, _orig: Any = original, _url: str = engine.url,
+                **kwargs: Any) -> Any:  # fmt: skip
+            if path == "/generate":
+                sent.append(_url)
+            return _orig(method, path, *args, **kwargs)
+
+        server.request = spy
+    before = [e.generation for e in fleet.engines]  # type: ignore[attr-defined]
+    try:
+        fleet.generate(PROMPTS, pop, sampling, seed=0)
+    finally:
+        for engine in fleet.engines:
+            del engine.server.request  # type: ignore[attr-defined]
+    after = [e.generation for e in fleet.engines]  # type: ignore[attr-defined]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1]
+    assert sorted(sent) == sorted(e.url for e in fleet.engines)  # type: ignore[attr-defined]
 
 
 def test_a_killed_server_is_restarted_by_its_own_watchdog(

@@ -270,7 +270,10 @@ def test_attached_population_in_waves_equals_local(narrow_url: str, tiny_model_d
     pop, sampling = population(layout, 4), Sampling(max_new_tokens=12)
     engine = SGLangEngine(tiny_model_dir, layout, attach(narrow_url), max_loras_per_batch=3)
     try:
-        assert len(engine.build_calls(PROMPTS, ["a", "b", "c", "d"], sampling, 0)) == 2
+        rows = [(m, p) for m in "abcd" for p in range(len(PROMPTS))]
+        calls = engine.build_calls([PROMPTS[p] for _, p in rows], [m for m, _ in rows], sampling, 0)
+        assert [len(c.rows) for c in calls] == [2 * len(PROMPTS)] * 2
+        assert {rows[i][0] for i in calls[1].rows} == {"c", "d"}
         out = engine.generate(PROMPTS, pop, sampling, seed=0)
     finally:
         engine.close()

@@ -1,10 +1,14 @@
 """Client machinery shared by the persistent multi-LoRA servers (``server=vllm|sglang``).
 
-One ``generate`` call (one step of the engine's generation counter):
+One ``generate_rows`` call (one step of the engine's generation counter; ``generate`` is every
+member x every prompt through it):
 
-1. write every member's adapter in PEFT format to tmpfs (:mod:`evolm.server.staging`),
+1. write the adapter of every member among the rows in PEFT format to tmpfs
+   (:mod:`evolm.server.staging`),
 2. load them concurrently under names unique per engine and generation,
-3. send all prompts of all members in batched requests (the subclass shapes them),
+3. send every row, whatever its member, in batched requests (the subclass shapes them: one
+   ``/generate`` for SGLang while its adapter slots hold the members; a fleet's share of
+   interleaved rows is one request, not one per set of members),
 4. unload the adapters and delete their files, also when a step failed.
 
 ``last_timings`` holds the seconds of each phase of the last call: ``write_s``, ``load_s``,
@@ -41,7 +45,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from transformers import AutoTokenizer
 
-from evolm.engine.base import Engine, chat_prompt
+from evolm.engine.base import Engine, Row, chat_prompt, every_member
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
@@ -56,10 +60,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Call:
-    """One HTTP request of a generation: ``POST path`` with a JSON ``payload``."""
+    """One HTTP request of a generation: ``POST path`` with a JSON ``payload``, answering the
+    generation's rows ``rows`` (indices, in the order of its answers)."""
 
     path: str
     payload: dict[str, Any]
+    rows: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
@@ -142,11 +148,14 @@ class RemoteEngine(Engine):
         raise NotImplementedError
 
     def build_calls(
-        self, prompts: list[str], names: list[str | None], sampling: Sampling, seed: int
+        self, texts: list[str], names: list[str | None], sampling: Sampling, seed: int
     ) -> list[Call]:
+        """Requests that answer every row ``i``: prompt ``texts[i]`` under adapter ``names[i]``
+        (None: the base model), each :class:`Call` naming the rows it answers."""
         raise NotImplementedError
 
-    def parse(self, answers: list[Any], members: int, prompts: int) -> list[list[str]]:
+    def parse(self, answer: Any, call: Call) -> list[str]:
+        """The completions of one request's answer, in the order of ``call.rows``."""
         raise NotImplementedError
 
     # -- the server ----------------------------------------------------------------------
@@ -225,10 +234,23 @@ class RemoteEngine(Engine):
     def generate(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
     ) -> list[list[str]]:
-        """``out[m][p]``; re-run whole (fresh adapter names) after restarting a dead server."""
+        """``out[m][p]``: every member x every prompt as one :meth:`generate_rows`."""
+        return every_member(self, prompts, adapters, sampling, seed)
+
+    def generate_rows(
+        self,
+        prompts: Sequence[str],
+        adapters: LoraPopulation | None,
+        rows: Sequence[Row],
+        sampling: Sampling,
+        seed: int,
+    ) -> list[str]:
+        """The ``(member, prompt)`` rows' completions, in their order, whatever members they
+        mix: one staged generation; re-run whole (fresh adapter names) after restarting a dead
+        server."""
         return self.with_restarts(
             "re-running the generation",
-            lambda: self._generate_once(list(prompts), adapters, sampling, seed),
+            lambda: self._generate_once(list(prompts), adapters, list(rows), sampling, seed),
         )
 
     def with_restarts(self, what: str, fn: Callable[[], T]) -> T:
@@ -252,31 +274,53 @@ class RemoteEngine(Engine):
         raise AssertionError("unreachable")
 
     def _generate_once(
-        self, prompts: list[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
-    ) -> list[list[str]]:
+        self,
+        prompts: list[str],
+        adapters: LoraPopulation | None,
+        rows: list[Row],
+        sampling: Sampling,
+        seed: int,
+    ) -> list[str]:
         self.generation += 1
         keys = ("write_s", "load_s", "build_s", "generate_s", "unload_s")
         t = dict.fromkeys(keys, 0.0)
-        names: list[str | None] = [None]
+        names: list[str] = []
         server_up = True
         try:
-            if adapters is not None:
-                names = list(self.stage.names(self.generation, len(adapters)))
+            name_of: dict[int, str] = {}  # member -> its adapter's name on the server
+            if adapters is not None and rows:
+                members = sorted({m for m, _ in rows})
+                names = list(self.stage.names(self.generation, len(members)))
                 with timed(t, "write_s"):
-                    paths = self.stage.write(self.generation, adapters, self._map)
+                    paths = self.stage.write(self.generation, adapters.subset(members), self._map)
                 with timed(t, "load_s"):
                     self._map(self.load, list(zip(names, paths, strict=True)))
+                name_of = dict(zip(members, names, strict=True))
             with timed(t, "build_s"):
-                calls = self.build_calls(prompts, names, sampling, seed)
+                texts = [prompts[p] for _, p in rows]
+                calls = self.build_calls(texts, [name_of.get(m) for m, _ in rows], sampling, seed)
             with timed(t, "generate_s"):
                 answers = self._send(calls)
-            return self.parse(answers, len(names), len(prompts))
+            out: list[str | None] = [None] * len(rows)
+            for call, answer in zip(calls, answers, strict=True):
+                got = self.parse(answer, call)
+                if len(got) != len(call.rows):
+                    raise RuntimeError(
+                        f"the {self.kind} server returned {len(got)} completions for "
+                        f"{len(call.rows)} prompts"
+                    )
+                for i, text in zip(call.rows, got, strict=True):
+                    out[i] = text
+            missing = [i for i, text in enumerate(out) if text is None]
+            if missing:
+                raise RuntimeError(f"no request answered rows {missing[:5]} of {len(rows)}")
+            return [text for text in out if text is not None]
         except ServerDown:
             server_up = False  # dead or hung: nothing to unload there (a restart forgets all)
             raise
         finally:
             with timed(t, "unload_s"):
-                self._unload_all([n for n in names if n is not None and server_up])
+                self._unload_all(names if server_up else [])
             self.stage.remove(self.generation)
             t["overhead_s"] = sum(t[k] for k in keys if k != "generate_s")
             self._timings = t

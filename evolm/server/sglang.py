@@ -311,8 +311,11 @@ class SGLangEngine(RemoteEngine):
         )
 
     def build_calls(
-        self, prompts: list[str], names: list[str | None], sampling: Sampling, seed: int
+        self, texts: list[str], names: list[str | None], sampling: Sampling, seed: int
     ) -> list[Call]:
+        """One ``/generate`` for all rows while the server's adapter slots hold their members
+        (``max_loras_per_batch`` - 1, one left for the base model), else one per wave of that
+        many members, sent one after another (the waves share the slots)."""
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
@@ -321,30 +324,29 @@ class SGLangEngine(RemoteEngine):
         if sampling.temperature > 0:
             params["sampling_seed"] = seed
         per = self.slots - 1
-        if len(names) > per and not self._warned:
+        distinct = list(dict.fromkeys(names))  # adapters in first-row order
+        if len(distinct) > per and not self._warned:
             self._warned = True
             log.warning(
                 "%d members need %d adapter slots; the server has %d: running %d waves. "
                 "Restart it with --max-loras-per-batch %d for one batch",
-                *(len(names), len(names) + 1, self.slots, -(-len(names) // per), len(names) + 1),
+                *(len(distinct), len(distinct) + 1, self.slots, -(-len(distinct) // per)),
+                len(distinct) + 1,
             )
-        return [
-            Call(
-                "/generate",
-                {
-                    "text": prompts * len(chunk),
-                    "lora_path": [name for name in chunk for _ in prompts],
-                    "sampling_params": params,
-                },
-            )
-            for chunk in (names[i : i + per] for i in range(0, len(names), per))
-        ]
+        wave = {name: k // per for k, name in enumerate(distinct)}
+        calls = []
+        for w in range(-(-len(distinct) // per)):
+            rows = tuple(i for i, name in enumerate(names) if wave[name] == w)
+            payload = {
+                "text": [texts[i] for i in rows],
+                "lora_path": [names[i] for i in rows],
+                "sampling_params": params,
+            }
+            calls.append(Call("/generate", payload, rows))
+        return calls
 
-    def parse(self, answers: list[Any], members: int, prompts: int) -> list[list[str]]:
-        texts = [sglang_completion(row) for answer in answers for row in answer]
-        if len(texts) != members * prompts:
-            raise RuntimeError(f"SGLang returned {len(texts)} texts for {members * prompts}")
-        return [texts[m * prompts : (m + 1) * prompts] for m in range(members)]
+    def parse(self, answer: Any, call: Call) -> list[str]:
+        return [sglang_completion(row) for row in answer]
 
 
 def sglang_completion(row: dict[str, Any]) -> Completion:

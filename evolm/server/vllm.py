@@ -142,27 +142,25 @@ class VLLMEngine(RemoteEngine):
         return e
 
     def build_calls(
-        self, prompts: list[str], names: list[str | None], sampling: Sampling, seed: int
+        self, texts: list[str], names: list[str | None], sampling: Sampling, seed: int
     ) -> list[Call]:
+        """One ``/v1/completions`` per adapter (the OpenAI API takes one ``model`` a request)
+        with its rows' prompts; the calls run concurrently and the server batches them."""
         body = {
-            "prompt": prompts,
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": seed,
         }
-        return [
-            Call("/v1/completions", {"model": name or self.served_model, **body}) for name in names
-        ]
+        calls = []
+        for name in dict.fromkeys(names):
+            rows = tuple(i for i, n in enumerate(names) if n == name)
+            payload = {"model": name or self.served_model, "prompt": [texts[i] for i in rows]}
+            calls.append(Call("/v1/completions", {**payload, **body}, rows))
+        return calls
 
-    def parse(self, answers: list[Any], members: int, prompts: int) -> list[list[str]]:
-        out = []
-        for answer in answers:
-            choices = sorted(answer["choices"], key=lambda c: c["index"])
-            if len(choices) != prompts:
-                raise RuntimeError(f"vLLM returned {len(choices)} completions for {prompts}")
-            out.append([vllm_completion(c) for c in choices])
-        return out
+    def parse(self, answer: Any, call: Call) -> list[str]:
+        return [vllm_completion(c) for c in sorted(answer["choices"], key=lambda c: c["index"])]
 
 
 def vllm_completion(choice: dict[str, Any]) -> Completion:
