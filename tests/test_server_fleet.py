@@ -94,6 +94,45 @@ def test_each_server_gets_its_share_as_one_request(fleet: Fleet, layout: LoraLay
     assert sorted(sent) == sorted(e.url for e in fleet.engines)  # type: ignore[attr-defined]
 
 
+def test_a_full_mode_update_reaches_every_server_at_once(
+    fleet: Fleet, tiny_model_dir: str, layout: LoraLayout, tmp_path: Path
+) -> None:
+    """``es.mean=full`` on a fleet: every server loads the new base weights (the fleet then
+    generates as the updated model does), the servers' loads run side by side, not one after
+    another, and ``restore_base_weights`` points every server back at the model."""
+    import torch
+
+    from evolm.model.full import save_model
+
+    t = layout.targets[0]
+    new = {f"{t.path}.weight": torch.full((t.out_features, t.in_features), 0.01)}
+    spans: list[tuple[float, float]] = []
+    for engine in fleet.engines:
+        original = engine._send_base  # type: ignore[attr-defined]
+
+        def spy(path: Path, _orig: Any = original) -> None:
+            start = time.monotonic()
+            time.sleep(1.0)  # a load that takes a while, as a real model's does
+            _orig(path)
+            spans.append((start, time.monotonic()))
+
+        engine._send_base = spy  # type: ignore[attr-defined]
+    try:
+        fleet.update_base_weights(new)
+    finally:
+        for engine in fleet.engines:
+            del engine._send_base  # type: ignore[attr-defined]
+    assert len(spans) == 2
+    assert max(s for s, _ in spans) < min(e for _, e in spans), f"one after another: {spans}"
+    pop, sampling = population(layout, 3), Sampling(max_new_tokens=6)
+    updated = LocalEngine(str(save_model(tmp_path / "m", tiny_model_dir, new)), layout,
+                          device="cpu", dtype="float32")  # fmt: skip
+    assert fleet.generate(PROMPTS, pop, sampling, 0) == updated.generate(PROMPTS, pop, sampling, 0)
+    fleet.restore_base_weights()
+    base = LocalEngine(tiny_model_dir, layout, device="cpu", dtype="float32")
+    assert fleet.generate(PROMPTS, pop, sampling, 0) == base.generate(PROMPTS, pop, sampling, 0)
+
+
 def test_a_killed_server_is_restarted_by_its_own_watchdog(
     fleet: Fleet, tiny_model_dir: str, layout: LoraLayout
 ) -> None:

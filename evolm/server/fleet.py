@@ -97,14 +97,25 @@ class Fleet(Engine):
         return dict(self._timings)
 
     def update_base_weights(self, named: Mapping[str, Any]) -> None:
-        """``es.mean=full``: every server loads the new base weights."""
-        for engine in self.engines:
-            engine.update_base_weights(named)
+        """``es.mean=full``: every server writes and loads the new base weights, all at once
+        (one after another, a generation waited K times one server's write and load)."""
+        self._each(lambda engine: engine.update_base_weights(named))
 
     def restore_base_weights(self) -> None:
         """Every server serves the launch model's own weights again (after ``es.mean=full``)."""
-        for engine in self.engines:
-            engine.restore_base_weights()  # type: ignore[attr-defined]
+        self._each(lambda engine: engine.restore_base_weights())  # type: ignore[attr-defined]
+
+    def _each(self, fn: Callable[[Engine], None]) -> None:
+        """``fn(engine)`` for every server at once; wait for all, then raise the first error."""
+        futures = [self.pool.submit(fn, engine) for engine in self.engines]
+        errors = []
+        for future in futures:
+            try:
+                future.result()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def use_layout(self, layout: LoraLayout) -> None:
         for engine in self.engines:
