@@ -21,6 +21,7 @@ from typing import Any
 from evolm.engine.base import Engine, Row, every_member
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
+from evolm.server.remote import map_all
 
 log = logging.getLogger(__name__)
 
@@ -99,23 +100,12 @@ class Fleet(Engine):
     def update_base_weights(self, named: Mapping[str, Any]) -> None:
         """``es.mean=full``: every server writes and loads the new base weights, all at once
         (one after another, a generation waited K times one server's write and load)."""
-        self._each(lambda engine: engine.update_base_weights(named))
+        map_all(self.pool, lambda e: e.update_base_weights(named), [(e,) for e in self.engines])
 
     def restore_base_weights(self) -> None:
-        """Every server serves the launch model's own weights again (after ``es.mean=full``)."""
-        self._each(lambda engine: engine.restore_base_weights())  # type: ignore[attr-defined]
-
-    def _each(self, fn: Callable[[Engine], None]) -> None:
-        """``fn(engine)`` for every server at once; wait for all, then raise the first error."""
-        futures = [self.pool.submit(fn, engine) for engine in self.engines]
-        errors = []
-        for future in futures:
-            try:
-                future.result()
-            except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        """Every server serves the launch model's own weights again (after ``es.mean=full``),
+        all at once."""
+        map_all(self.pool, lambda e: e.restore_base_weights(), [(e,) for e in self.engines])
 
     def use_layout(self, layout: LoraLayout) -> None:
         for engine in self.engines:

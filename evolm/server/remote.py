@@ -53,7 +53,7 @@ from evolm.server.connection import Server, ServerDown, ServerError, ServerProce
 from evolm.server.options import RemoteOptions
 from evolm.server.staging import AdapterStage
 
-__all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError"]
+__all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError", "map_all"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -66,6 +66,25 @@ class Call:
     path: str
     payload: dict[str, Any]
     rows: tuple[int, ...] = ()
+
+
+def map_all(
+    pool: ThreadPoolExecutor, fn: Callable[..., T], args: Sequence[tuple[Any, ...]]
+) -> list[T]:
+    """Run ``fn(*a)`` for every ``a`` on ``pool``; wait for all, then raise the first error.
+
+    Futures are awaited one by one (not ``concurrent.futures.wait``, which holds every
+    future's lock at once: a Ctrl-C or SIGTERM landing there could leave them locked)."""
+    futures = [pool.submit(fn, *a) for a in args]
+    results, errors = [], []
+    for f in futures:
+        try:
+            results.append(f.result())
+        except Exception as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    return results
 
 
 @contextlib.contextmanager
@@ -332,20 +351,8 @@ class RemoteEngine(Engine):
         return [post(c) for c in calls]
 
     def _map(self, fn: Callable[..., Any], args: list[tuple[Any, ...]]) -> list[Any]:
-        """Run ``fn(*a)`` for every ``a`` on the pool; wait for all, then raise the first error.
-
-        Futures are awaited one by one (not ``concurrent.futures.wait``, which holds every
-        future's lock at once: a Ctrl-C or SIGTERM landing there could leave them locked)."""
-        futures = [self.pool.submit(fn, *a) for a in args]
-        results, errors = [], []
-        for f in futures:
-            try:
-                results.append(f.result())
-            except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
-        return results
+        """Run ``fn(*a)`` for every ``a`` on the pool (:func:`map_all`)."""
+        return map_all(self.pool, fn, args)
 
     def _unload_all(self, names: list[str]) -> None:
         """Unload every name once, best effort (a failed load or a dead server is expected)."""
