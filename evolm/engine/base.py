@@ -38,6 +38,9 @@ class Completion(str):
     """Whether generation stopped at the token budget (``max_new_tokens``) before an EOS."""
     token_ids: tuple[int, ...] | None
     """The generated token ids (EOS not included)."""
+    stopped: bool | None
+    """Whether it ended at a stop string (:attr:`Sampling.stop`) rather than an EOS or the
+    budget: then no EOS was generated."""
 
     def __new__(
         cls,
@@ -45,15 +48,18 @@ class Completion(str):
         tokens: int | None = None,
         truncated: bool | None = None,
         token_ids: Sequence[int] | None = None,
+        stopped: bool | None = None,
     ) -> Completion:
         self = super().__new__(cls, text)
         self.token_ids = None if token_ids is None else tuple(token_ids)
         self.tokens = len(self.token_ids) if tokens is None and token_ids is not None else tokens
         self.truncated = truncated
+        self.stopped = stopped
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled (a distributed gather) with its fields
-        return (Completion, (str(self), self.tokens, self.truncated, self.token_ids))
+        args = (str(self), self.tokens, self.truncated, self.token_ids, self.stopped)
+        return (Completion, args)
 
 
 def every_member(

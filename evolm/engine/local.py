@@ -50,10 +50,11 @@ from evolm.engine.hf.kl import Scored, kl_along
 from evolm.engine.hf.multilora import attach, load_population
 from evolm.engine.options import LocalOptions, Tuning
 from evolm.engine.sampler import strip_after_eos
+from evolm.engine.stops import StopTable, stop_table
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.model import load_causal_lm
-from evolm.sampling import Sampling
+from evolm.sampling import Sampling, cut_at_stop
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ class LocalEngine(Engine):
         pad = None if tokenizer is None else tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.scheduler: Scheduler | None = None
+        self._stop_tables: dict[tuple[str, ...], StopTable | None] = {}
         self._fast_lora: dict[int, FastLora] = {}
         self._lora_version = -1  # the fast forward's weights_version the buffers were made for
         reason = None if options.fast is False else unsupported_reason(self.model)
@@ -283,7 +285,7 @@ class LocalEngine(Engine):
             generator,
             member=None if adapters is None else member,
         )
-        return self.completions(tokens)
+        return self.completions(tokens, sampling.stop)
 
     def _generate_members(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
@@ -307,20 +309,51 @@ class LocalEngine(Engine):
             tokens = self.generate_ids(
                 ids.repeat(hi - lo, 1), mask.repeat(hi - lo, 1), chunk, sampling, generator
             )
-            texts = self.completions(tokens)
+            texts = self.completions(tokens, sampling.stop)
             out += [texts[m * len(prompts) : (m + 1) * len(prompts)] for m in range(hi - lo)]
         return out
 
-    def completions(self, tokens: torch.Tensor) -> list[str]:
-        """The texts of new tokens ``[rows, steps]`` (each row up to its first EOS), as
-        :class:`Completion` s: a row without an EOS ran out of budget (truncated)."""
+    def completions(self, tokens: torch.Tensor, stop: tuple[str, ...] = ()) -> list[str]:
+        """The texts of new tokens ``[rows, steps]`` (each row up to its first EOS, then cut
+        after its first stop string: :func:`~evolm.sampling.cut_at_stop`), as
+        :class:`Completion` s: a row without an EOS or stop string ran out of budget
+        (truncated)."""
         kept = strip_after_eos(tokens, self.eos_ids)
         texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
         steps = tokens.shape[1]
-        return [
-            Completion(text, truncated=len(ids) == steps, token_ids=ids)
-            for text, ids in zip(texts, kept, strict=True)
-        ]
+        out = []
+        for text, ids in zip(texts, kept, strict=True):
+            cut, stopped = cut_at_stop(text, stop)
+            if stopped:
+                ids = self._stop_prefix(ids, stop)
+            truncated = not stopped and len(ids) == steps
+            out.append(Completion(cut, truncated=truncated, token_ids=ids, stopped=stopped))
+        return out
+
+    def _stop_prefix(self, ids: list[int], stop: tuple[str, ...]) -> list[int]:
+        """The shortest prefix of ``ids`` whose text holds a stop string: the tokens that were
+        generated (with a stop table, ``ids`` up to the pad that follows it; without, the rows
+        ran on and the prefix is found by bisection)."""
+        while ids and ids[-1] == self.pad_id:  # after the stop, the row holds pad ids
+            ids = ids[:-1]
+        lo, hi = 1, len(ids)  # the shortest prefix length with a stop string is in [lo, hi]
+        if cut_at_stop(self.tokenizer.decode(ids[:-1], skip_special_tokens=True), stop)[1]:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                text = self.tokenizer.decode(ids[:mid], skip_special_tokens=True)
+                lo, hi = (lo, mid) if cut_at_stop(text, stop)[1] else (mid + 1, hi)
+        return ids[:hi]
+
+    def stop_table(self, stop: tuple[str, ...]) -> StopTable | None:
+        """The device automaton of the stop strings ``stop`` (:mod:`evolm.engine.stops`), built
+        once per set of strings; None without stop strings or a byte-level tokenizer."""
+        if stop not in self._stop_tables:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            table = None
+            if self.tokenizer is not None:
+                table = stop_table(self.tokenizer, vocab, stop, self.device)
+            self._stop_tables[stop] = table
+        return self._stop_tables[stop]
 
     def kl_to_base(
         self, prompts: Sequence[str], completions: Sequence[str], adapter: LoraPopulation
@@ -345,7 +378,8 @@ class LocalEngine(Engine):
         ids = getattr(completion, "token_ids", None)
         if ids is None:
             ids = self.tokenizer(completion, add_special_tokens=False)["input_ids"]
-        ended = getattr(completion, "truncated", None) is not True
+        # the EOS step is scored where one was generated: not at the budget or a stop string
+        ended = not (getattr(completion, "truncated", None) or getattr(completion, "stopped", None))
         prompt_ids = list(self.tokenizer(prompt)["input_ids"])
         return Scored(prompt_ids, list(ids), len(ids) + ended)
 
@@ -370,6 +404,7 @@ class LocalEngine(Engine):
         max_new_tokens (the fast path only; None: ``sampling.max_new_tokens`` for every row).
         ``eos_ids`` overrides the model's (``[]``: never stop early)."""
         eos = self.eos_ids if eos_ids is None else list(eos_ids)
+        stops = self.stop_table(sampling.stop)
         rows = input_ids.shape[0]
         members = 1 if adapters is None else len(adapters)
         if member is None:
@@ -390,6 +425,7 @@ class LocalEngine(Engine):
                 eos,
                 self.pad_id,
                 generator,
+                stops,
             )
         grouped = member is None or torch.equal(
             member.cpu(), torch.arange(members).repeat_interleave(rows // members)
@@ -406,6 +442,7 @@ class LocalEngine(Engine):
                 eos,
                 self.pad_id,
                 generator,
+                stops=stops,
             )
         finally:
             load_population(self.layers, None, self.device, self.dtype)

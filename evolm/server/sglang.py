@@ -27,7 +27,7 @@ import torch
 from evolm.engine.base import Completion, Engine
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
-from evolm.sampling import Sampling
+from evolm.sampling import Sampling, cut_at_stop
 from evolm.server.options import RemoteOptions
 from evolm.server.remote import Call, RemoteEngine, ServerError
 
@@ -323,6 +323,8 @@ class SGLangEngine(RemoteEngine):
         }
         if sampling.temperature > 0:
             params["sampling_seed"] = seed
+        if sampling.stop:  # kept in the text (no_stop_trim), then cut as every engine cuts
+            params |= {"stop": list(sampling.stop), "no_stop_trim": True}
         per = self.slots - 1
         distinct = list(dict.fromkeys(names))  # adapters in first-row order
         if len(distinct) > per and not self._warned:
@@ -346,20 +348,24 @@ class SGLangEngine(RemoteEngine):
         return calls
 
     def parse(self, answer: Any, call: Call) -> list[str]:
-        return [sglang_completion(row) for row in answer]
+        stop = tuple(call.payload["sampling_params"].get("stop") or ())
+        return [sglang_completion(row, stop) for row in answer]
 
 
-def sglang_completion(row: dict[str, Any]) -> Completion:
-    """One ``/generate`` answer row: its text, with its ``meta_info``'s token count and
+def sglang_completion(row: dict[str, Any], stop: tuple[str, ...] = ()) -> Completion:
+    """One ``/generate`` answer row: its text (cut after its first stop string, as every
+    engine's: :func:`~evolm.sampling.cut_at_stop`), with its ``meta_info``'s token count and
     finish reason (``length``: cut at the budget) where the server gives them."""
     meta = row.get("meta_info") or {}
     reason = meta.get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else None
     tokens = meta.get("completion_tokens")
+    text, stopped = cut_at_stop(row["text"], stop)
     return Completion(
-        row["text"],
+        text,
         tokens=tokens if isinstance(tokens, int) else None,
-        truncated=None if kind is None else kind == "length",
+        truncated=None if kind is None else kind == "length" and not stopped,
+        stopped=stopped if stop else None,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from evolm.engine.base import Completion
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout
-from evolm.sampling import Sampling
+from evolm.sampling import Sampling, cut_at_stop
 from evolm.server.options import RemoteOptions
 from evolm.server.remote import Call, RemoteEngine, ServerError
 
@@ -152,6 +152,8 @@ class VLLMEngine(RemoteEngine):
             "top_p": sampling.top_p,
             "seed": seed,
         }
+        if sampling.stop:  # kept in the text, then cut as every engine cuts
+            body |= {"stop": list(sampling.stop), "include_stop_str_in_output": True}
         calls = []
         for name in dict.fromkeys(names):
             rows = tuple(i for i, n in enumerate(names) if n == name)
@@ -160,11 +162,16 @@ class VLLMEngine(RemoteEngine):
         return calls
 
     def parse(self, answer: Any, call: Call) -> list[str]:
-        return [vllm_completion(c) for c in sorted(answer["choices"], key=lambda c: c["index"])]
+        stop = tuple(call.payload.get("stop") or ())
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        return [vllm_completion(c, stop) for c in choices]
 
 
-def vllm_completion(choice: dict[str, Any]) -> Completion:
-    """One ``/v1/completions`` choice: its text and whether it stopped at the budget
+def vllm_completion(choice: dict[str, Any], stop: tuple[str, ...] = ()) -> Completion:
+    """One ``/v1/completions`` choice: its text (cut after its first stop string, as every
+    engine's: :func:`~evolm.sampling.cut_at_stop`) and whether it stopped at the budget
     (``finish_reason: length``); vLLM gives no per-choice token count."""
     reason = choice.get("finish_reason")
-    return Completion(choice["text"], truncated=None if reason is None else reason == "length")
+    text, stopped = cut_at_stop(choice["text"], stop)
+    truncated = None if reason is None else reason == "length" and not stopped
+    return Completion(text, truncated=truncated, stopped=stopped if stop else None)

@@ -18,11 +18,14 @@ num_paused_requests}``: the safetensors files in ``model_path`` replace the serv
 with ``success: false`` and nothing changed when a tensor is not one of the model's or the
 folder holds none; ``/model_info`` then reports the new path, as SGLang does);
 ``POST /generate`` with ``text`` (str or list), ``sampling_params`` (``max_new_tokens``,
-``temperature``, ``top_p``, ``sampling_seed``) and ``lora_path`` (a loaded adapter NAME or null
-per prompt) -> ``[{text, meta_info}]``; at most ``--max-loras-per-batch`` distinct adapters (null
-counts as one) in one request. Stricter than SGLang: an unknown name in ``lora_path`` is a 400
-(real SGLang silently reloads a name it once loaded from the old path), and too many adapters for
-the slots is a 400 (real SGLang runs them in waves).
+``temperature``, ``top_p``, ``sampling_seed``, ``stop`` (a string or a list: generation ends at
+the first, which is then trimmed from the text, unless ``no_stop_trim`` is true; its
+``finish_reason`` is ``{"type": "stop", "matched": <the string>}``)) and ``lora_path`` (a
+loaded adapter NAME or null per prompt) -> ``[{text, meta_info}]``; at most
+``--max-loras-per-batch`` distinct adapters (null counts as one) in one request. Stricter than
+SGLang: an unknown name in ``lora_path`` is a 400 (real SGLang silently reloads a name it once
+loaded from the old path), and too many adapters for the slots is a 400 (real SGLang runs them
+in waves).
 
 Not emulated: the OpenAI routes (``/v1/completions``...), ``input_ids``, per-prompt sampling
 params and every other sampling field (400), logprobs, streaming, ``n > 1``, ``pinned``,
@@ -55,7 +58,7 @@ from evolm.sampling import Sampling
 
 log = logging.getLogger("evolm.sglang_standin")
 VERSION = "0.5.17 (evolm stand-in)"
-SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "sampling_seed"}
+SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "sampling_seed", "stop", "no_stop_trim"}
 
 
 class BadRequest(ValueError):
@@ -232,11 +235,13 @@ class Standin:
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict) or set(params) - SAMPLING_KEYS:
             raise BadRequest(f"sampling_params: the stand-in emulates only {sorted(SAMPLING_KEYS)}")
+        stop = params.get("stop") or ()
         try:
             sampling = Sampling(
                 int(params.get("max_new_tokens", 128)),
                 float(params.get("temperature", 1.0)),
                 float(params.get("top_p", 1.0)),
+                stop=(stop,) if isinstance(stop, str) else tuple(stop),
             )
         except ValueError as e:
             raise BadRequest(f"sampling_params: {e}") from None
@@ -308,9 +313,24 @@ def load_served(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
         param.data.copy_(value)
 
 
-def meta_info(text: str) -> dict[str, Any]:
+def matched_stop(text: str, stop: tuple[str, ...]) -> str | None:
+    """The stop string of ``stop`` a local-engine :class:`Completion` ended at (it ends the
+    text), or None."""
+    if not getattr(text, "stopped", False):
+        return None
+    return max((s for s in stop if text.endswith(s)), key=len, default=None)
+
+
+def stop_trimmed(text: str, stop: tuple[str, ...], trim: bool) -> str:
+    """SGLang's default (``no_stop_trim`` false): the matched stop string is not returned."""
+    matched = matched_stop(text, stop)
+    return text[: -len(matched)] if trim and matched else str(text)
+
+
+def meta_info(text: str, stop: tuple[str, ...] = ()) -> dict[str, Any]:
     """What SGLang's ``/generate`` says of a completion: an id, its token count and why it
-    stopped (``length``: the budget), from the local engine's :class:`Completion`."""
+    stopped (``length``: the budget; ``stop`` with the ``matched`` stop string), from the local
+    engine's :class:`Completion`."""
     tokens, truncated = getattr(text, "tokens", None), getattr(text, "truncated", None)
     info: dict[str, Any] = {"id": uuid.uuid4().hex}
     if tokens is not None:
@@ -318,6 +338,9 @@ def meta_info(text: str) -> dict[str, Any]:
     if truncated is not None:
         kind = "length" if truncated else "stop"
         info["finish_reason"] = {"type": kind, **({"length": tokens} if truncated else {})}
+        matched = matched_stop(text, stop)
+        if matched is not None:
+            info["finish_reason"]["matched"] = matched
     return info
 
 
@@ -351,7 +374,14 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or "{}")
             if path == "/generate":
                 texts = s.generate(body)
-                out = [{"text": t, "meta_info": meta_info(t)} for t in texts]
+                params = body.get("sampling_params") or {}
+                trim = not params.get("no_stop_trim", False)
+                stop = params.get("stop") or ()
+                stop = (stop,) if isinstance(stop, str) else tuple(stop)
+                out = [
+                    {"text": stop_trimmed(t, stop, trim), "meta_info": meta_info(t, stop)}
+                    for t in texts
+                ]
                 single = isinstance(body.get("text"), str)
                 self._send(HTTPStatus.OK, out[0] if single else out)
             elif path in ("/load_lora_adapter", "/unload_lora_adapter"):

@@ -18,6 +18,7 @@ from evolm.engine.fast.lora import FastLora, FastLoraRows
 from evolm.engine.fast.model import FastModel, prefill_mask
 from evolm.engine.fast.workspace import Workspace
 from evolm.engine.sampler import next_token
+from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
 
 
@@ -37,7 +38,8 @@ def member_runs(members: list[int], length: int) -> tuple[tuple[int, int, int], 
 class Rows:
     """The rows of one generation, as the scheduler hands them to the runner: left-padded
     ``ids`` / ``mask`` on the device, each row's member and token budget, the decoding settings,
-    and ``out``: ``widest`` new tokens per row, row-major, plus one dump cell at the end."""
+    ``out``: ``widest`` new tokens per row, row-major, plus one dump cell at the end, and
+    ``stops``: the stop strings' automaton (None: no stop strings)."""
 
     ids: Tensor
     mask: Tensor
@@ -48,6 +50,7 @@ class Rows:
     out: Tensor
     widest: int
     generator: torch.Generator | None
+    stops: StopTable | None = None
 
 
 class ModelRunner:
@@ -118,6 +121,9 @@ class ModelRunner:
             ws.gen[s] = 1
             rows.out[r * rows.widest] = first
             ws.done[s] = torch.isin(first, rows.eos) | (rows.budgets[r] <= 1)
+            if rows.stops is not None:
+                ws.stop[s] = rows.stops.table[0, first]
+                ws.done[s] |= ws.stop[s] == rows.stops.done
 
     def forward(self, ws: Workspace, batch: int, lora: FastLora | None, greedy: bool) -> None:
         """The decode forward of the batch's slots at their current tokens: greedy's argmax in
@@ -145,7 +151,7 @@ class ModelRunner:
 
     def step(self, ws: Workspace, batch: int, lora: FastLora | None, rows: Rows) -> None:
         """One decode step of the batch's slots: each live slot's next token into
-        ``rows.out``; finished slots (EOS or budget) stop advancing."""
+        ``rows.out``; finished slots (EOS, budget or stop string) stop advancing."""
         greedy = rows.sampling.temperature == 0
         sel, out, widest = ws.sel[:batch], rows.out, rows.widest
         self.forward(ws, batch, lora, greedy)
@@ -162,4 +168,9 @@ class ModelRunner:
         step = live.long()
         ws.gen[sel] = gen + step
         ws.lens[sel] = ws.lens[sel] + step
-        ws.done[sel] = ~live | torch.isin(nxt, rows.eos) | (gen + step >= ws.budget[sel])
+        done = ~live | torch.isin(nxt, rows.eos) | (gen + step >= ws.budget[sel])
+        if rows.stops is not None:  # finished rows (and the scratch slot) keep their state
+            state = torch.where(live, rows.stops.advance(ws.stop[sel], nxt), ws.stop[sel])
+            ws.stop[sel] = state
+            done |= state == rows.stops.done
+        ws.done[sel] = done

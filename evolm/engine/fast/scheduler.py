@@ -42,6 +42,7 @@ from evolm.engine.fast.workspace import (
     Workspace,
     graph_key,
 )
+from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
 
 log = logging.getLogger(__name__)
@@ -178,10 +179,12 @@ class Scheduler:
         eos_ids: Sequence[int],
         pad_id: int,
         generator: torch.Generator | None = None,
+        stops: StopTable | None = None,
     ) -> Tensor:
         """New tokens ``[rows, max(budgets)]`` for left-padded rows ``input_ids [rows, L]``;
         row ``i`` is member ``member[i]`` of ``lora`` (None: the base model) and stops after
-        ``budgets[i]`` tokens or an EOS (then ``pad_id``)."""
+        ``budgets[i]`` tokens, an EOS or the token that completes a stop string of ``stops``
+        (then ``pad_id``)."""
         timer = PhaseTimer(self.device)
         rows, length = input_ids.shape
         if len(budgets) != rows or min(budgets) < 1:
@@ -203,6 +206,7 @@ class Scheduler:
             out=torch.full((rows * widest + 1,), pad_id, dtype=torch.long, device=dev),
             widest=widest,
             generator=generator,
+            stops=stops,
         )
         chunk = max(1, self._prefill_budget() // length)
         order = sorted(range(rows), key=lambda r: -budgets[r])

@@ -4,7 +4,8 @@ A :class:`Workspace` holds a fixed set of *slots*. Each slot holds one row's KV 
 (``[layers, slots + 1, kv_heads, T, head_dim]``; the extra slot is scratch for the padding rows
 of a batch bucket) and its state: cache length ``lens`` (the next write position), ``start``
 (left padding of its prompt), ``member``, tokens generated ``gen``, its ``budget`` (the row's own
-max_new_tokens), ``row`` (its index in the caller's rows) and ``done`` (EOS or budget reached).
+max_new_tokens), ``row`` (its index in the caller's rows), ``stop`` (its stop-string automaton's
+state, :mod:`evolm.engine.stops`) and ``done`` (EOS, budget or a stop string reached).
 ``sel[:B]`` maps the rows of the current decode batch to slots.
 
 CUDA graphs bake in buffer addresses: :func:`graph_key` is the ONE key that says when a
@@ -60,7 +61,7 @@ class Workspace:
 
         self.lens, self.start, self.member = z(), z(), z()
         self.gen, self.budget, self.row = z(), z(), z()
-        self.tok, self.done = z(), z(torch.bool)
+        self.tok, self.stop, self.done = z(), z(), z(torch.bool)
         self.done[slots] = True  # the scratch slot never advances
         self.sel = torch.full((slots,), slots, dtype=torch.long, device=dev)
         self.next = torch.zeros(slots, dtype=torch.long, device=dev)

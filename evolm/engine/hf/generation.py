@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from evolm.engine.sampler import next_token
+from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
 
 
@@ -25,8 +26,10 @@ def generate_tokens(
     pad_id: int,
     generator: torch.Generator | None = None,
     check_every: int = 8,
+    stops: StopTable | None = None,
 ) -> torch.Tensor:
-    """New tokens ``[rows, <= max_new_tokens]``; after a row's EOS it holds ``pad_id``.
+    """New tokens ``[rows, <= max_new_tokens]``; after a row's EOS, or the token that completes
+    one of ``stops``' strings, it holds ``pad_id``.
 
     ``input_ids`` are left-padded. The loop stops once every row has finished (checked every
     ``check_every`` steps, to spare a host sync per token on GPUs).
@@ -46,6 +49,7 @@ def generate_tokens(
         logits_to_keep=1,
     )
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+    state = torch.zeros(rows, dtype=torch.long, device=input_ids.device)  # stop automaton
     position = positions[:, -1:]
     tokens = []
     for step in range(sampling.max_new_tokens):
@@ -53,6 +57,9 @@ def generate_tokens(
         token = token.masked_fill(finished, pad_id)
         tokens.append(token)
         finished |= torch.isin(token, eos)
+        if stops is not None:
+            state = torch.where(finished, state, stops.advance(state, token))
+            finished |= state == stops.done
         if step + 1 == sampling.max_new_tokens or (
             (step + 1) % check_every == 0 and bool(finished.all())
         ):
