@@ -77,6 +77,10 @@ class Countdown(Task):
             prompt's first sentence), a user message (the rest) and the assistant prefix
             ``"Let me solve this step by step.\\n<think>"``.
         max_new_tokens, temperature, top_p: decoding (the paper: 1024 tokens, greedy).
+        stop: stop strings (:attr:`~evolm.sampling.Sampling.stop`), e.g. ``["</answer>"]``: a
+            completion ends with its first answer block. The paper's reward reads the LAST
+            answer block, so this changes what is scored only for completions that write a
+            second one (the paper's runs, with no stop string, scored the last).
     """
 
     def __init__(
@@ -91,8 +95,9 @@ class Countdown(Task):
         max_new_tokens: int = 1024,
         temperature: float = 0.0,
         top_p: float = 1.0,
+        stop: Sequence[str] = (),
     ) -> None:
-        self.sampling = Sampling(max_new_tokens, temperature, top_p)
+        self.sampling = Sampling(max_new_tokens, temperature, top_p, tuple(stop))
         self.chat_template = chat_template
         self.samples_per_generation = samples_per_generation
         records = self._records(data_file, generate_count, seed)
