@@ -321,21 +321,24 @@ class LocalEngine(Engine):
         kept = strip_after_eos(tokens, self.eos_ids)
         texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
         steps = tokens.shape[1]
+        exact = self.stop_table(stop) is not None  # rows ended at the stop: nothing to search
         out = []
         for text, ids in zip(texts, kept, strict=True):
             cut, stopped = cut_at_stop(text, stop)
             if stopped:
-                ids = self._stop_prefix(ids, stop)
+                ids = self._stop_prefix(ids, stop, exact)
             truncated = not stopped and len(ids) == steps
             out.append(Completion(cut, truncated=truncated, token_ids=ids, stopped=stopped))
         return out
 
-    def _stop_prefix(self, ids: list[int], stop: tuple[str, ...]) -> list[int]:
+    def _stop_prefix(self, ids: list[int], stop: tuple[str, ...], exact: bool) -> list[int]:
         """The shortest prefix of ``ids`` whose text holds a stop string: the tokens that were
-        generated (with a stop table, ``ids`` up to the pad that follows it; without, the rows
-        ran on and the prefix is found by bisection)."""
+        generated. ``exact`` (a stop table ended the row): ``ids`` up to the pads that follow
+        it; else the row ran on and the prefix is found by bisection (a decode per step)."""
         while ids and ids[-1] == self.pad_id:  # after the stop, the row holds pad ids
             ids = ids[:-1]
+        if exact:
+            return ids
         lo, hi = 1, len(ids)  # the shortest prefix length with a stop string is in [lo, hi]
         if cut_at_stop(self.tokenizer.decode(ids[:-1], skip_special_tokens=True), stop)[1]:
             while lo < hi:

@@ -141,7 +141,10 @@ class Scheduler:
             capped = ws.slots < self._rows and ws.positions == positions and cols <= self._cols
             if every_row or capped:
                 return ws
-        self.reset()  # free the old cache before measuring
+        # free the old cache before measuring: no reference may outlive the reset (this frame's
+        # ``ws`` kept a whole KV cache alive, and a larger eval plan found no memory left)
+        ws = None
+        self.reset()
         prefill = self._prefill_budget() * self._per_token()
         plan = plan_slots(
             self.shape(lora),
