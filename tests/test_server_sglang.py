@@ -153,6 +153,34 @@ def test_es_generation_equals_local_engine(engine: SGLangEngine, local: LocalEng
     assert not any(engine.stage.root.glob("g*/m*")), "adapter files removed"
 
 
+def test_stop_strings_equal_local_engine(engine: SGLangEngine, local: LocalEngine) -> None:
+    """The client sends ``stop`` with ``no_stop_trim`` and cuts as the local engine does: the
+    same texts and ``stopped`` flags; the raw contract: SGLang drops the matched stop string
+    from the text unless ``no_stop_trim``, and names it in ``finish_reason.matched``."""
+    pop = population(engine.layout, 4)
+    plain = local.generate(PROMPTS, pop, Sampling(16), 0)
+    stop = tuple(sorted({t.split()[1] for m in plain for t in m if len(t.split()) > 2})[:2])
+    sampling = Sampling(16, stop=stop)
+    got, want = (
+        engine.generate(PROMPTS, pop, sampling, 0),
+        local.generate(PROMPTS, pop, sampling, 0),
+    )
+    assert [[str(t) for t in m] for m in got] == [[str(t) for t in m] for m in want]
+    flags = [[t.stopped for t in m] for m in got]  # type: ignore[attr-defined]
+    assert flags == [[t.stopped for t in m] for m in want] and any(map(any, flags))  # type: ignore[attr-defined]
+    bases = local.generate(PROMPTS, None, Sampling(16), 0)[0]
+    prompt, base = max(zip(PROMPTS, bases, strict=True), key=lambda p: len(p[1]))
+    word = base[len(base) // 2 :][:3]  # a stop string that this base completion holds
+    cut = base[: base.index(word) + len(word)]
+    for trim, text in ((False, cut), (True, cut[: -len(word)])):
+        params = {"max_new_tokens": 16, "temperature": 0, "stop": word, "no_stop_trim": not trim}
+        answer = requests.post(
+            engine.url + "/generate", json={"text": prompt, "sampling_params": params}
+        ).json()
+        assert answer["text"] == text
+        assert answer["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+
+
 def test_names_are_unique_per_generation(engine: SGLangEngine) -> None:
     seen: list[str] = []
     original = engine.load

@@ -130,6 +130,22 @@ def test_es_generation_equals_local_engine(
     assert [m["id"] for m in models] == [engine.served_model], "adapters unloaded"
 
 
+def test_stop_strings_equal_local_engine(engine: VLLMEngine, local: LocalEngine) -> None:
+    """``stop`` with ``include_stop_str_in_output``, cut as the local engine cuts: the same
+    texts and ``stopped`` flags as the local engine's, from a real vLLM."""
+    pop = population(engine.layout, 2)
+    plain = local.generate(PROMPTS, pop, Sampling(16), 0)
+    stop = tuple(sorted({t.split()[1] for m in plain for t in m if len(t.split()) > 2})[:2])
+    sampling = Sampling(16, stop=stop)
+    got, want = (
+        engine.generate(PROMPTS, pop, sampling, 0),
+        local.generate(PROMPTS, pop, sampling, 0),
+    )
+    assert [[str(t) for t in m] for m in got] == [[str(t) for t in m] for m in want]
+    flags = [[t.stopped for t in m] for m in got]  # type: ignore[attr-defined]
+    assert flags == [[t.stopped for t in m] for m in want] and any(map(any, flags))  # type: ignore[attr-defined]
+
+
 def test_max_lora_rank_is_a_valid_vllm_rank() -> None:
     assert vllm_max_lora_rank(2, None) == 8 and vllm_max_lora_rank(8, None) == 8
     assert vllm_max_lora_rank(9, None) == 16

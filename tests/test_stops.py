@@ -1,0 +1,160 @@
+"""Stop strings (``Sampling.stop``): the device automaton (evolm.engine.stops) and the local
+engine's two paths. A generation with stop strings must return exactly the text of the same
+generation without them, cut after the first stop string (:func:`cut_at_stop`), and stop early.
+The server clients are checked against the SGLang stand-in and the real vLLM in their modules."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from evolm.engine import stops as stops_module
+from evolm.engine.local import LocalEngine
+from evolm.engine.stops import StopTable, byte_automaton, token_bytes
+from evolm.errors import ConfigError
+from evolm.es import ES
+from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
+from evolm.sampling import Sampling, cut_at_stop
+
+PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow, please."]
+
+
+def test_cut_at_stop_takes_the_earliest_end() -> None:
+    assert cut_at_stop("x </answer> y </answer>", ("</answer>",)) == ("x </answer>", True)
+    assert cut_at_stop("abcd", ("cd", "b")) == ("ab", True)  # "b" ends first
+    assert cut_at_stop("abcd", ("bcd", "cd")) == ("abcd", True)  # same end: same cut
+    assert cut_at_stop("abc", ("x",)) == ("abc", False)
+    assert cut_at_stop("abc", ()) == ("abc", False)
+
+
+def test_bad_stop_strings_name_the_key() -> None:
+    for bad in ("</answer>", [""], ["x" * 65], [str(i) for i in range(9)], [3]):
+        with pytest.raises(ConfigError, match="stop"):
+            Sampling(8, stop=bad)  # type: ignore[arg-type]
+
+
+def test_byte_automaton_finds_every_first_occurrence() -> None:
+    """Overlapping patterns (one a prefix, a suffix or inside another): the automaton reaches
+    its absorbing state exactly at the first byte where some pattern has just ended."""
+    patterns = ["aab", "ab", "bca", "abcab", "cc"]
+    delta, done = byte_automaton(patterns)
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice("abc") for _ in range(rng.randrange(1, 12)))
+        state, at = 0, None
+        for i, b in enumerate(text.encode()):
+            state = delta[state][b]
+            if state == done:
+                at = i
+                break
+        ends = [text.find(p) + len(p) - 1 for p in patterns if p in text]
+        assert at == (min(ends) if ends else None), text
+
+
+def test_token_automaton_stops_at_the_first_token_holding_a_stop(tiny_model_dir: str) -> None:
+    """Texts tokenized by the tiny model's byte-level BPE (tokens that straddle a stop string,
+    multi-byte characters): the table's state is ``done`` at the first token whose prefix
+    decodes to a text holding a stop string, never before."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    stop = ("</answer>", "ab", "b c", "\n\n", "é!")
+    table = StopTable.build(stop, token_bytes(tok, len(tok)) or [], torch.device("cpu"))
+    frags = ["</ans", "wer>", "</answer>", "a", "b", " ", "c", "\n", "é", "!", "日本", "<answer>"]
+    rng = random.Random(1)
+    stopped = 0
+    for _ in range(500):
+        text = "".join(rng.choice(frags) for _ in range(rng.randrange(1, 20)))
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        state, at = torch.tensor(0), None
+        for i, t in enumerate(ids):
+            state = table.advance(state, torch.tensor(t))
+            if int(state) == table.done:
+                at = i
+                break
+        first = next(
+            (i for i in range(len(ids)) if cut_at_stop(tok.decode(ids[: i + 1]), stop)[1]), None
+        )
+        assert at == first, text
+        stopped += at is not None
+    assert stopped > 100  # the fragments make stops common
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: str) -> LocalEngine:
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec(rank=2))
+    return LocalEngine(tiny_model_dir, layout, device="cpu")
+
+
+def population(layout: LoraLayout, members: int) -> LoraPopulation:
+    strategy = ES(population_size=members, sigma=0.5)
+    state = strategy.init([torch.zeros(s) for s in layout.shapes()], seed=3)
+    return LoraPopulation(layout, tuple(strategy.sample(state, strategy.ask(state))))
+
+
+def stops_in(texts: list[list[str]]) -> tuple[str, ...]:
+    """Stop strings that occur in some of ``texts`` (words from their middles), and one that
+    occurs in none."""
+    words = [t.split()[len(t.split()) // 2] for member in texts for t in member if t.split()]
+    return (*sorted(set(words))[:3], "NEVER-GENERATED")
+
+
+@pytest.mark.parametrize("path", ["fast", "capped", "hf"])
+def test_generation_with_stops_is_the_plain_one_cut(engine: LocalEngine, path: str) -> None:
+    """Rows of several members, refilled slots (capped) and the HF path: the same texts as a
+    plain generation cut at the first stop string, ``stopped`` where cut, fewer tokens."""
+    if path == "hf":
+        eng = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+    else:
+        eng = engine if path == "fast" else engine.with_options(max_batch_rows=4)
+    try:
+        pop = population(engine.layout, 2)
+        plain = eng.generate(PROMPTS, pop, Sampling(24), seed=0)
+        stop = stops_in(plain)
+        cut = eng.generate(PROMPTS, pop, Sampling(24, stop=stop), seed=0)
+        pairs = [
+            (p, c) for pm, cm in zip(plain, cut, strict=True) for p, c in zip(pm, cm, strict=True)
+        ]
+        assert [str(c) for _, c in pairs] == [cut_at_stop(p, stop)[0] for p, _ in pairs]
+        assert [c.stopped for _, c in pairs] == [cut_at_stop(p, stop)[1] for p, _ in pairs]
+        stopped = [(p, c) for p, c in pairs if c.stopped]
+        assert stopped and len(stopped) < len(pairs)
+        assert all(c.tokens < p.tokens and not c.truncated for p, c in stopped)  # type: ignore[attr-defined]
+        # token ids: exactly those that were generated up to the stop
+        assert all(engine.tokenizer.decode(c.token_ids).startswith(str(c)) for _, c in stopped)  # type: ignore[attr-defined]
+    finally:
+        if path == "hf":
+            engine.use_layout(engine.layout)  # the fast engine's own wrappers back
+
+
+def test_rows_stop_early_on_the_device(engine: LocalEngine) -> None:
+    """The fast path ends every row at its stop: decode steps fall with the stop strings."""
+    pop = population(engine.layout, 2)
+    plain = engine.generate(PROMPTS, pop, Sampling(24), seed=0)
+    full_steps = engine.last_timings["steps"]
+    every = tuple({t[:2] for member in plain for t in member if len(t) >= 2})
+    cut = engine.generate(PROMPTS, pop, Sampling(24, stop=every), seed=0)
+    assert all(c.stopped for member in cut for c in member)
+    assert engine.last_timings["steps"] < full_steps / 2
+
+
+def test_without_a_byte_level_tokenizer_texts_are_still_cut(
+    engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No exact token bytes: no device table, the rows run on, the texts are cut the same."""
+    pop = population(engine.layout, 2)
+    plain = engine.generate(PROMPTS, pop, Sampling(24), seed=0)
+    stop = stops_in(plain)
+    want = [[cut_at_stop(t, stop)[0] for t in member] for member in plain]
+    monkeypatch.setattr(stops_module, "token_bytes", lambda tokenizer, vocab: None)
+    fresh = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer)
+    try:
+        got = fresh.generate(PROMPTS, pop, Sampling(24, stop=stop), seed=0)
+        assert fresh.stop_table(stop) is None
+        assert [[str(t) for t in m] for m in got] == want
+        ids = [c.token_ids for m in got for c in m if c.stopped]  # type: ignore[attr-defined]
+        assert ids and all(cut_at_stop(engine.tokenizer.decode(i), stop)[1] for i in ids)
+        assert all(not cut_at_stop(engine.tokenizer.decode(i[:-1]), stop)[1] for i in ids)
+    finally:
+        engine.use_layout(engine.layout)
