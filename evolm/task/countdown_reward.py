@@ -40,6 +40,7 @@ __all__ = [
     "REWARD_VALUES",
     "TOLERANCE",
     "answer_reward",
+    "answer_tokens",
     "countdown_reward",
     "evaluate_expression",
     "extract_answer",
@@ -213,6 +214,15 @@ def evaluate_expression(expr: str) -> Fraction | None:
         return _Parser(_tokenize(expr)).parse()
     except (_Malformed, ZeroDivisionError):
         return None
+
+
+def answer_tokens(answer: str) -> list[str] | None:
+    """The tokens of an answer text (``"(1 + 2) / 3"`` -> ``["(", "1", "+", ...]``) that the
+    reward evaluates: its characters allowed and it parses without dividing by zero; else
+    ``None``. For analyses of answers (:mod:`evolm.task.countdown_shortcuts`), not the reward."""
+    if not answer or not _ALLOWED.fullmatch(answer) or evaluate_expression(answer) is None:
+        return None
+    return _tokenize(answer)  # evaluate_expression tokenized it without raising
 
 
 def parse_target(s: str | int | float) -> float:
