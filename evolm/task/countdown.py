@@ -20,12 +20,12 @@ from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.task.base import Example, Sampling, Scores, Task, cycling_window
 from evolm.task.countdown_data import load_countdown_json
-from evolm.task.countdown_reward import countdown_reward, paper_prompt
+from evolm.task.countdown_reward import countdown_reward, extract_answer, paper_prompt
 from evolm.task.countdown_shortcuts import (
     AnswerShape,
     PuzzleInfo,
+    answer_shape,
     classify,
-    completion_shape,
     form_code,
 )
 from evolm.task.countdown_sources import (
@@ -259,10 +259,14 @@ class Countdown(Task):
         return info
 
     def _shape(self, completion: str, numbers: Sequence[int]) -> AnswerShape | None:
-        """The completion's answer shape, remembered (members often write the same answer)."""
-        key = completion, tuple(numbers)
+        """The shape of the completion's answer, remembered by answer text (members often
+        write the same answer): ~0.04 ms for each new one."""
+        answer = extract_answer(completion)
+        if answer is None:
+            return None
+        key = answer, tuple(numbers)
         if key not in self._shapes:
             if len(self._shapes) >= _SHAPES_KEPT:
                 self._shapes.clear()
-            self._shapes[key] = completion_shape(completion, numbers)
+            self._shapes[key] = answer_shape(answer, numbers)
         return self._shapes[key]

@@ -40,7 +40,6 @@ __all__ = [
     "REWARD_VALUES",
     "TOLERANCE",
     "answer_reward",
-    "answer_tokens",
     "countdown_reward",
     "evaluate_expression",
     "extract_answer",
@@ -48,6 +47,7 @@ __all__ = [
     "format_reward",
     "format_target",
     "paper_prompt",
+    "parse_answer",
     "parse_target",
 ]
 
@@ -216,13 +216,17 @@ def evaluate_expression(expr: str) -> Fraction | None:
         return None
 
 
-def answer_tokens(answer: str) -> list[str] | None:
-    """The tokens of an answer text (``"(1 + 2) / 3"`` -> ``["(", "1", "+", ...]``) that the
-    reward evaluates: its characters allowed and it parses without dividing by zero; else
+def parse_answer(answer: str) -> tuple[list[str], Fraction] | None:
+    """The tokens (``"(1 + 2) / 3"`` -> ``["(", "1", "+", ...]``) and exact value of an answer
+    text the reward evaluates (its characters allowed, it parses, no division by zero); else
     ``None``. For analyses of answers (:mod:`evolm.task.countdown_shortcuts`), not the reward."""
-    if not answer or not _ALLOWED.fullmatch(answer) or evaluate_expression(answer) is None:
+    if not answer or not _ALLOWED.fullmatch(answer):
         return None
-    return _tokenize(answer)  # evaluate_expression tokenized it without raising
+    try:
+        tokens = _tokenize(answer)
+        return tokens, _Parser(tokens).parse()
+    except (_Malformed, ZeroDivisionError):
+        return None
 
 
 def parse_target(s: str | int | float) -> float:

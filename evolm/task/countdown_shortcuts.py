@@ -36,13 +36,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from evolm.task.countdown_data import apply_operator
-from evolm.task.countdown_reward import (
-    TOLERANCE,
-    answer_tokens,
-    evaluate_expression,
-    extract_answer,
-    parse_target,
-)
+from evolm.task.countdown_reward import TOLERANCE, extract_answer, parse_answer, parse_target
 from evolm.task.countdown_solver import reaches, reaches_by_signs
 
 __all__ = [
@@ -142,10 +136,11 @@ def completion_shape(completion: str, numbers: Sequence[int]) -> AnswerShape | N
 def answer_shape(answer: str, numbers: Sequence[int]) -> AnswerShape | None:
     """The shape of an answer text (``"44 + 19 + 35"``); ``None`` when the reward could not
     evaluate it (characters, syntax, a division by zero)."""
-    tokens = answer_tokens(answer)
-    if tokens is None:
+    parsed = parse_answer(answer)
+    if parsed is None:
         return None
-    return AnswerShape(_form(tokens, numbers), _is_template(tokens, numbers))
+    tokens, value = parsed
+    return AnswerShape(_form(tokens, numbers), _is_template(tokens, value, numbers))
 
 
 def _form(tokens: Sequence[str], numbers: Sequence[int]) -> str:
@@ -165,8 +160,9 @@ def _form(tokens: Sequence[str], numbers: Sequence[int]) -> str:
     return " ".join(out).replace("( ", "(").replace(" )", ")")
 
 
-def _is_template(tokens: Sequence[str], numbers: Sequence[int]) -> bool:
-    """Whether the answer of ``tokens`` is a template answer for the puzzle of ``numbers``."""
+def _is_template(tokens: Sequence[str], value: Fraction, numbers: Sequence[int]) -> bool:
+    """Whether the answer of ``tokens`` (worth ``value``) is a template answer for the puzzle of
+    ``numbers``."""
     found: list[int] = []
     ops: list[str] = []
     previous = None
@@ -187,7 +183,7 @@ def _is_template(tokens: Sequence[str], numbers: Sequence[int]) -> bool:
     chain: Fraction | None = Fraction(found[0])
     for op, x in zip(ops, found[1:], strict=True):
         chain = None if chain is None else apply_operator(chain, op, Fraction(x))
-    return chain is not None and evaluate_expression(" ".join(tokens)) == chain
+    return chain == value
 
 
 def form_code(form: str) -> float:
