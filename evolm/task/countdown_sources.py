@@ -46,9 +46,11 @@ DROP_SPLITS = ("train", "test", "both")
 
 UNIFORM_NUMBERS = (3, 4)
 UNIFORM_MAX_VALUE = 99
-MAX_MISSES = 10_000
+UNIFORM_REACH = (1 - UNIFORM_MAX_VALUE**3, UNIFORM_MAX_VALUE**4)
+"""The lowest and highest values 3-4 numbers of 1..99 reach (``1 - 99 * 99 * 99``, ``99**4``)."""
+MAX_MISSES = 2_000
 """Draws in a row that may fail (no solvable puzzle, or only templates to drop) before the
-source is reported as unable to give its puzzles."""
+source is reported as unable to give its puzzles (a uniform draw: about 1 ms)."""
 
 Record = dict[str, Any]
 
@@ -72,6 +74,15 @@ def check_source(
         raise ConfigError(
             "target_min",
             f"must be <= target_max, got {target_min} > {target_max}",
+            "e.g. target_min=1 target_max=100",
+        )
+    low, high = UNIFORM_REACH
+    if generator == "uniform" and not (target_min <= high and target_max >= low):
+        key = "target_min" if target_min > high else "target_max"
+        raise ConfigError(
+            key,
+            f"no 3-4 numbers of 1..{UNIFORM_MAX_VALUE} reach a target in "
+            f"[{target_min}, {target_max}] (they reach {low}..{high} at most)",
             "e.g. target_min=1 target_max=100",
         )
 
