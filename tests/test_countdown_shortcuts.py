@@ -13,6 +13,7 @@ import pytest
 
 from evolm.errors import ConfigError
 from evolm.task.base import Example
+from evolm.task.conciseness import Conciseness
 from evolm.task.countdown import Countdown
 from evolm.task.countdown_data import generate_puzzles
 from evolm.task.countdown_reward import countdown_reward
@@ -247,9 +248,13 @@ def test_bad_values_name_the_key(kwargs: dict, bad_key: str) -> None:
     assert e.value.key == bad_key
 
 
-def test_stop_strings_reach_the_sampling() -> None:
+def test_stop_strings_reach_the_sampling_of_both_paper_tasks() -> None:
     task = Countdown(train_size=5, generate_count=12, samples_per_generation=2, stop=["</answer>"])
     assert task.sampling.stop == ("</answer>",)
+    assert Conciseness(stop=["\n"]).sampling.stop == ("\n",) and Conciseness().sampling.stop == ()
+    with pytest.raises(ConfigError) as e:
+        Conciseness(stop="\n")
+    assert e.value.key == "stop"
 
 
 @pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")

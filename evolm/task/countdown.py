@@ -52,6 +52,8 @@ SCORE_KEYS = ("reward", "format_reward", "answer_reward", "accuracy")
 TEMPLATE_ANSWER, FORM = "_template_answer", "_form"
 """Per-row data for :meth:`Countdown.summarize` alone (``_`` keys are never logged): whether the
 answer is a template answer (1/0), and its form's code (NaN: no answer that parses)."""
+Placed = tuple[int, dict[str, Any]]
+"""A record and its place: its position in the data file, or in the generator's stream."""
 _SHAPES_KEPT = 65_536  # answer shapes remembered (members often write the same answer)
 
 
@@ -164,16 +166,12 @@ class Countdown(Task):
             data_file, train_size, generate_count, seed, generator, targets, drop_templates
         )
         _check_window(samples_per_generation, len(train))
-        where = (
-            f"{data_file} record" if data_file else f"generated ({generator}, seed {seed}) puzzle"
-        )
-        self.train = [self._example(r, f"{where} {i}") for i, r in enumerate(train)]
-        test_examples = [self._example(r, f"{where} {len(train) + i}") for i, r in enumerate(test)]
-        if eval_samples is not None and eval_samples > len(test_examples):
-            log.warning(
-                "eval_samples=%d > %d test records: using all", eval_samples, len(test_examples)
-            )
-        self.eval = test_examples[:eval_samples]
+        kind = "" if generator == "tree" else f"{generator}, "
+        where = f"{data_file} record" if data_file else f"generated ({kind}seed {seed}) puzzle"
+        self.train = [self._example(r, f"{where} {i}") for i, r in train]
+        if eval_samples is not None and eval_samples > len(test):
+            log.warning("eval_samples=%d > %d test records: using all", eval_samples, len(test))
+        self.eval = [self._example(r, f"{where} {i}") for i, r in test[:eval_samples]]
         self.overlap = train_test_overlap(self.train, self.eval)
         if self.overlap:
             log.warning(
@@ -196,10 +194,11 @@ class Countdown(Task):
         generator: str,
         targets: tuple[int, int],
         drop: str | None,
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The training and test records: a data file's (filtered by ``drop``), or generated."""
+    ) -> tuple[list[Placed], list[Placed]]:
+        """The training and test records with their places (in the file, or the generator's
+        stream): a data file's (filtered by ``drop``), or generated."""
         if data_file is not None:
-            records = load_countdown_json(data_file, key="data_file")
+            records = list(enumerate(load_countdown_json(data_file, key="data_file")))
             _check_train_size(len(records), train_size)
             train, test = records[:train_size], records[train_size:]
             if drop in ("train", "both"):
@@ -210,7 +209,8 @@ class Countdown(Task):
         _positive("generate_count", generate_count, "generate more puzzles than train_size")
         _check_train_size(generate_count, train_size)
         stream = puzzle_stream(generator, seed, *targets)
-        return generated_splits(stream, generate_count, train_size, drop)
+        train, test = generated_splits(stream, generate_count, train_size, drop)
+        return [(r["id"], r) for r in train], [(r["id"], r) for r in test]
 
     def _example(self, record: dict[str, Any], source: str) -> Example:
         text = paper_prompt(record["numbers"], record["target"])

@@ -53,6 +53,8 @@ MAX_MISSES = 2_000
 source is reported as unable to give its puzzles (a uniform draw: about 1 ms)."""
 
 Record = dict[str, Any]
+Placed = tuple[int, Record]
+"""A data file's record and its position in the file."""
 
 
 def check_source(
@@ -159,10 +161,10 @@ def generated_splits(
     return splits[0], splits[1]
 
 
-def drop_split(records: list[Record], split: str, where: str) -> list[Record]:
-    """``records`` (a data file's ``split``) without the template-solvable puzzles; logs how many
-    were dropped and refuses a split left empty."""
-    kept = [r for r in records if not template_solvable(r)]
+def drop_split(records: list[Placed], split: str, where: str) -> list[Placed]:
+    """A data file's ``split`` (records with their places) without its template-solvable
+    puzzles; logs how many were dropped and refuses a split left empty."""
+    kept = [(i, r) for i, r in records if not template_solvable(r)]
     log.warning(
         "drop_templates: dropped %d of the %d %s puzzles of %s that a fixed operator pattern "
         "solves; %d remain",
