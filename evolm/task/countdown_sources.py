@@ -61,7 +61,7 @@ def check_source(
     generator: str, drop_templates: str | None, target_min: int, target_max: int
 ) -> None:
     """One ConfigError naming the key, for a generator or drop split evolm does not know, or
-    an empty target range."""
+    (``generator=uniform``) a target range that is empty or that no puzzle reaches."""
     if generator not in GENERATORS:
         raise ConfigError(
             "generator", f"must be one of {list(GENERATORS)}, got {generator!r}", "e.g. uniform"
@@ -72,6 +72,8 @@ def check_source(
             f"must be null or one of {list(DROP_SPLITS)}, got {drop_templates!r}",
             "e.g. drop_templates=test (no template-solvable puzzle in the test split)",
         )
+    if generator != "uniform":
+        return  # the target range is the uniform generator's alone
     if target_min > target_max:
         raise ConfigError(
             "target_min",
@@ -79,7 +81,7 @@ def check_source(
             "e.g. target_min=1 target_max=100",
         )
     low, high = UNIFORM_REACH
-    if generator == "uniform" and not (target_min <= high and target_max >= low):
+    if not (target_min <= high and target_max >= low):
         key = "target_min" if target_min > high else "target_max"
         raise ConfigError(
             key,
