@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -26,8 +26,8 @@ class Evaluation:
     generate_s: float
     score_s: float
     comm_s: float = 0.0  # a distributed evaluation's all-gather (and broadcast), in score_s
-    diagnostics: dict[str, float] = field(default_factory=dict)  # evolm.diagnostics.summarize
-    scores: Scores = field(default_factory=dict)  # per completion, member-major rows
+    diagnostics: dict[str, float] = field(default_factory=dict)  # evolm.diagnostics + the task's
+    scores: Scores = field(default_factory=dict)  # per completion, member-major; no "_" keys
 
 
 def render(engine: Engine, example: Example) -> str:
@@ -62,33 +62,49 @@ def evaluate(
     flat = [c for member in completions for c in member]
     scores = task.score(list(examples) * len(completions), flat)
     stats = completion_stats(flat)
-    return _evaluation(task, scores, stats, completions, len(examples), start, generated)
+    return _evaluation(task, examples, scores, stats, completions, start, generated)
 
 
 def _evaluation(
     task: Task,
+    examples: Sequence[Example],
     scores: Scores,
     stats: RowStats,
     completions: list[list[str]],
-    n_prompts: int,
     start: float,
     generated: float,
 ) -> Evaluation:
+    """The :class:`Evaluation` of every member's rows (member-major, as ``scores``)."""
     if "reward" not in scores:
         raise KeyError(f"{type(task).__name__}.score must return a 'reward' list")
+    members, n_prompts = len(completions), len(examples)
+    public = {k: v for k, v in scores.items() if not M.is_private_score(k)}
     table = {
-        k: torch.tensor(v, dtype=torch.float64).view(len(completions), n_prompts)
-        for k, v in scores.items()
+        k: torch.tensor(v, dtype=torch.float64).view(members, n_prompts) for k, v in public.items()
     }
+    diagnostics = summarize(stats, public, members, n_prompts)
+    diagnostics |= task_summary(task, list(examples) * members, scores, diagnostics)
     return Evaluation(
         fitness=table["reward"].mean(dim=1),
         metrics={k: v.mean().item() for k, v in table.items()},
         completions=completions,
         generate_s=generated - start,
         score_s=time.perf_counter() - generated,
-        diagnostics=summarize(stats, scores, len(completions), n_prompts),
-        scores=scores,
+        diagnostics=diagnostics,
+        scores=public,
     )
+
+
+def task_summary(
+    task: Task, rows: Sequence[Example], scores: Scores, diagnostics: Mapping[str, float]
+) -> dict[str, float]:
+    """The task's set-level numbers (:meth:`Task.summarize`) of these rows; a name that a
+    diagnostic already has is an error, not a silent overwrite."""
+    out = task.summarize(rows, scores)
+    clash = sorted(set(out) & set(diagnostics))
+    if clash:
+        raise KeyError(f"{type(task).__name__}.summarize returned diagnostic names {clash}")
+    return out
 
 
 def _evaluate_sharded(
@@ -126,7 +142,7 @@ def _evaluate_sharded(
     completions = [[""] * n_prompts for _ in range(members)]
     for (m, p), text in zip(mine, texts, strict=True):
         completions[m][p] = text
-    ev = _evaluation(task, scores, stats, completions, n_prompts, start, generated)
+    ev = _evaluation(task, examples, scores, stats, completions, start, generated)
     return replace(ev, comm_s=comm_s)
 
 

@@ -69,7 +69,7 @@ class ESLoop:
     callbacks: Sequence[Callback] = ()
     comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
     base_norm: float | None = None  # of the adapted base weights: es/update_rel, es/mean_rel
-    extra_evals: Mapping[str, Task] = field(default_factory=dict)  # eval/<name>/<score>_mean
+    extra_evals: Mapping[str, Task] = field(default_factory=dict)  # eval/<name>/<score>_mean...
 
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
@@ -85,6 +85,7 @@ class ESLoop:
         for name, task in self.extra_evals.items():  # what ES costs on tasks it does not train
             extra = evaluate(self.engine, task, task.eval_examples(), mean, self.seed, self.comm)
             metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
+            metrics |= {M.extra_eval_diagnostic(name, k): v for k, v in extra.diagnostics.items()}
         mine = self.comm.shard(range(len(examples)))  # the rows this process generated
         samples = [
             Sample(

@@ -23,6 +23,24 @@ prompts (the README's metrics table lists them all):
 - ``train/pair_agreement`` (antithetic sampling only): the share of mirrored pairs whose two
   members got equal fitness (1: the perturbations change nothing the reward sees).
 
+A task's set-level numbers (its optional ``summarize`` hook, :class:`evolm.task.base.Task`)
+are diagnostics too: ``train/<name>``, ``eval/<name>``, and ``eval/<extra>/<name>`` for an
+extra eval task. Countdown's (:mod:`evolm.task.countdown_summary`) make shortcuts visible:
+
+- ``shortcut_accuracy``: what a template-only model would score on these puzzles (the best
+  fixed operator pattern per puzzle size); ``shortcut/<template>``: what one named template
+  scores (``shortcut/sum``, ``shortcut/product``, ``shortcut/chain_sub``, ``shortcut/chain_div``);
+- ``template_solvable_share``: the share of puzzles some fixed pattern solves;
+- ``accuracy_beyond_shortcuts``: the accuracy on the puzzles no template solves;
+- ``template_share``: the share of the correct answers that are template answers;
+- ``answer_form_top_share``: among the answers that parse, the share written in the most common
+  form (per puzzle size, weighted): 1.0 is a model that writes one form for everything;
+- ``accuracy/<subset>``: the accuracy per puzzle family (``accuracy/template``,
+  ``accuracy/addsub``, ``accuracy/muldiv``) and per size (``accuracy/n3``, ``accuracy/n4``).
+
+Score keys that start with ``_`` are per-row data for ``summarize`` alone (countdown's
+``_template_answer``, ``_form``): never logged as ``<key>_mean``, nor written with the samples.
+
 How far the mean is from the base model: ``eval/kl_mean`` and ``eval/kl_std``, the mean and
 std over the eval completions' tokens of the per-token KL(mean-adapted || base) along them
 (engines that can score it: the local one; :meth:`evolm.engine.base.Engine.kl_to_base`);
@@ -63,6 +81,35 @@ PASS_AT_POPULATION = "pass_at_population"
 CORRECT_SCORE = "accuracy"  # the task score that says a completion is correct (1) or not (0)
 PAIR_AGREEMENT = "pair_agreement"  # train only: antithetic pairs
 
+# a task's set-level numbers (Task.summarize): bare names, namespaced as diagnostics are
+SHORTCUT_ACCURACY = "shortcut_accuracy"
+TEMPLATE_SOLVABLE_SHARE = "template_solvable_share"
+ACCURACY_BEYOND_SHORTCUTS = "accuracy_beyond_shortcuts"
+TEMPLATE_SHARE = "template_share"
+ANSWER_FORM_TOP_SHARE = "answer_form_top_share"
+PRIVATE_SCORE = "_"  # score keys with this prefix travel to Task.summarize only
+
+
+def shortcut(template: str) -> str:
+    """What one named answer template scores on a set of puzzles, e.g. ``shortcut/sum``."""
+    return f"shortcut/{template}"
+
+
+def subset_accuracy(subset: str) -> str:
+    """The accuracy on one subset of the prompts, e.g. ``accuracy/muldiv``."""
+    return f"accuracy/{subset}"
+
+
+def size_subset(size: int) -> str:
+    """The subset of the puzzles of ``size`` numbers, e.g. ``n3``."""
+    return f"n{size}"
+
+
+def is_private_score(key: str) -> bool:
+    """A score key for ``Task.summarize`` alone (``_form``): not a metric."""
+    return key.startswith(PRIVATE_SCORE)
+
+
 GENERATION_S = "time/generation_s"
 GENERATE_S = "time/generate_s"
 SCORE_S = "time/score_s"
@@ -85,6 +132,12 @@ def extra_eval_score(name: str, key: str) -> str:
     """A score of the mean on the extra eval task ``name`` (``extra_evals``), e.g.
     ``eval/countdown/accuracy_mean``: what ES costs (or gains) on a task it does not train."""
     return f"eval/{name}/{key}_mean"
+
+
+def extra_eval_diagnostic(name: str, key: str) -> str:
+    """A diagnostic of the mean's completions on the extra eval task ``name``, e.g.
+    ``eval/countdown/shortcut_accuracy``."""
+    return f"eval/{name}/{key}"
 
 
 def train_diagnostic(key: str) -> str:

@@ -212,7 +212,7 @@ def test_optional_hooks_have_no_op_defaults() -> None:
 
     for cls, hooks in (
         (Engine, ("last_timings", "use_layout", "kl_to_base")),
-        (Task, ("after_generation",)),
+        (Task, ("after_generation", "summarize", "data_stats", "preflight")),
     ):
         abstract = getattr(cls, "__abstractmethods__", frozenset())
         for hook in hooks:

@@ -68,6 +68,8 @@ BAD = [
     ("server.dtype=fp8", "server.dtype"),
     ("optimized_metric=[]", "optimized_metric"),
     ("callbacks.samples.count=-1", "callbacks.samples.count"),
+    ("task=countdown task.drop_templates=eval", "task.drop_templates"),
+    ("callbacks.health.shortcut_rise=0", "callbacks.health.shortcut_rise"),
     (
         "+task@extra_evals.cd=countdown extra_evals.cd.max_new_tokens=0",
         "extra_evals.cd.max_new_tokens",

@@ -142,7 +142,15 @@ class LengthTask(Task):
         rewards = [float(len(c)) for c in completions]
         if not self.row_scores:
             rewards = [r + completions.count(c) for r, c in zip(rewards, completions, strict=True)]
-        return {"reward": rewards, "length": [float(len(c)) for c in completions]}
+        return {
+            "reward": rewards,
+            "length": [float(len(c)) for c in completions],
+            "_exclaimed": [float(c.endswith("!")) for c in completions],  # summarize's alone
+        }
+
+    def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
+        """Set-level numbers need every rank's rows: how many rows, and how many exclaim."""
+        return {"rows": float(len(examples)), "exclaimed": sum(scores["_exclaimed"])}
 
 
 def population(members: int) -> LoraPopulation:
@@ -170,11 +178,15 @@ def _worker(rank: int, world: int, port: int) -> None:
             # the diagnostics see every row's completion, tokens and truncation
             assert shared.diagnostics == alone.diagnostics
             assert set(alone.diagnostics) >= {"truncated_share", "completion_tokens"}
+            # the task's summarize sees every rank's rows; "_" keys are not metrics
+            assert alone.diagnostics["rows"] == 15 and alone.diagnostics["exclaimed"] == 12
+            assert "_exclaimed" not in alone.metrics and "_exclaimed" not in shared.scores
             mine = comm.shard([(m, p) for m in range(5) for p in range(3)])
             assert all(shared.completions[m][p] == alone.completions[m][p] for m, p in mine)
             # one row for two ranks: rank 1 has none
             one = evaluate(engine, task, task.eval_examples(), None, seed=0, comm=comm)
             assert one.metrics == {"reward": 1.0 + (not row_scores), "length": 1.0}
+            assert one.diagnostics["rows"] == 1
         comm.check_same([torch.ones(3), torch.arange(4.0)], "same")
         with pytest.raises(DivergenceError, match="differs across ranks"):
             comm.check_same([torch.ones(3) * (1 + rank * 1e-7)], "the ES mean")

@@ -30,4 +30,8 @@ def test_an_extra_eval_task_is_scored_at_every_eval(tmp_path: Path, tiny_model_d
     assert [r["generation"] for r in evals] == [0, 1, 2, 3]
     assert all(r["eval/again/reward_mean"] == r["eval/reward_mean"] for r in evals)
     assert all("eval/countdown/accuracy_mean" in r for r in evals)
+    # its set-level numbers too (Countdown.summarize), under its name
+    assert all("eval/countdown/shortcut_accuracy" in r for r in evals)
+    assert all("eval/countdown/template_solvable_share" in r for r in evals)
+    assert "eval/shortcut_accuracy" not in evals[0]  # the run's own task is conciseness
     assert all("eval/again/reward_mean" not in r for r in records if r not in evals)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
@@ -21,7 +24,9 @@ from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales
 from evolm.task.base import Example, Scores
 from evolm.task.conciseness import Conciseness
+from evolm.task.countdown import Countdown
 from tests.helpers import generation_record, read_results, run_cli
+from tests.test_countdown_shortcuts import PUZZLES
 
 
 def record(
@@ -211,3 +216,98 @@ def test_abort_ends_the_run_with_one_message(tmp_path: Path, tiny_model_dir: str
     said = proc.stdout + proc.stderr
     assert "run aborted: every member scored the same" in said
     assert "Traceback" not in said
+
+
+# -- a run that learns a shortcut (countdown's set-level numbers, issue 36) --------------------
+@functools.cache
+def countdown() -> Countdown:
+    return Countdown(train_size=5, generate_count=12, samples_per_generation=2, eval_samples=None)
+
+
+def countdown_eval(answers: Sequence[str | None]) -> dict[str, float]:
+    """The eval metrics of the mean answering the hand-made puzzles of
+    tests/test_countdown_shortcuts.py with ``answers`` (None: no answer), as the loop logs them."""
+    task = countdown()
+    examples = [Example(prompt="", reference={"numbers": n, "target": t}) for n, t in PUZZLES]
+    texts = [" x" if a is None else f" x </think>\n<answer> {a} </answer>" for a in answers]
+    scores = task.score(examples, texts)
+    means = {f"eval/{k}_mean": sum(v) / len(v) for k, v in scores.items() if k[0] != "_"}
+    return means | {f"eval/{k}": v for k, v in task.summarize(examples, scores).items()}
+
+
+NOTHING = [None] * len(PUZZLES)
+SUMS = [
+    "44 + 19 + 35",
+    "10 + 3 + 5",
+    "3 + 10 + 5",
+    "2 + 3 + 4",
+    "1 + 2 + 3 + 4",
+    None,
+    "20 + 5 + 1",
+]
+SOLVED = ["44 + 19 + 35", None, "10 - 3 + 5", "(3 + 4) * 2", None, None, None]
+
+
+def evals(tmp_path: Path, *answers: Sequence[str | None], **kwargs: Any) -> RunContext:
+    """The monitor fed the start's eval, then one generation with an eval per ``answers``."""
+    monitor, ctx = LearningMonitor(**kwargs), context(tmp_path)
+    monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+    for g, given in enumerate(answers):
+        ev = countdown_eval(given)
+        generation = GenerationRecord(0, eval=ev) if g == 0 else replace(record(g, 0.3), eval=ev)
+        monitor.on_generation_end(ctx, generation, None)  # type: ignore[arg-type]
+    return ctx
+
+
+def test_accuracy_that_rises_only_on_template_puzzles_is_a_shortcut(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The mean learns to answer with the sum of the numbers: accuracy 0 -> 2/7 (the two sum
+    puzzles), none of it on the puzzles no template solves: reported once, with the numbers."""
+    with caplog.at_level(logging.WARNING):
+        ctx = evals(tmp_path, NOTHING, SUMS, SUMS)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "evolm.callbacks.health"]
+    assert warning.startswith("THIS RUN IS LEARNING A SHORTCUT: held-out accuracy")
+    assert "(eval/accuracy_mean) rose from 0.0% to 28.6%" in warning
+    assert "(eval/accuracy_beyond_shortcuts) went from 0.0% to 0.0%" in warning
+    assert "100.0% of the correct answers are template answers (eval/template_share)" in warning
+    assert "the best template alone scores 42.9% on these puzzles" in warning  # 3 of 7
+    assert f"{tmp_path}/samples/gen-*.jsonl" in warning and ctx.tags[TAG] == "shortcut"
+
+
+def test_accuracy_that_rises_beyond_shortcuts_too_is_not_a_shortcut(tmp_path: Path) -> None:
+    """Solving a sum, a +/- puzzle out of order and a needs-* one: accuracy 3/7, 2/3 on the
+    puzzles no template solves, 1 of 3 correct answers a template answer: healthy."""
+    assert not evals(tmp_path, NOTHING, SOLVED).tags
+    assert not evals(tmp_path, NOTHING, NOTHING).tags  # no rise at all
+
+
+def test_a_shortcut_is_told_from_the_template_share_and_aborts_with_abort(tmp_path: Path) -> None:
+    mostly_sums = [*SUMS[:2], "10 - 3 + 5", *SUMS[3:]]  # 1 of 3 non-template puzzles solved
+    ev = countdown_eval(mostly_sums)
+    assert ev["eval/accuracy_beyond_shortcuts"] == 1 / 3 and ev["eval/template_share"] == 2 / 3
+    assert not evals(tmp_path, NOTHING, mostly_sums).tags  # beyond shortcuts rose enough
+    with pytest.raises(RunAborted, match=r"rose from 0\.0% to 28\.6%"):
+        evals(tmp_path, NOTHING, SUMS, abort=True)
+    for share, reported in ((0.95, True), (0.85, False)):  # beyond rose by a third of 0.3
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        first = {"eval/accuracy_mean": 0.0, "eval/accuracy_beyond_shortcuts": 0.0}
+        now = {"eval/accuracy_mean": 0.3, "eval/accuracy_beyond_shortcuts": 0.1}
+        monitor.on_generation_end(ctx, GenerationRecord(0, eval=first), None)  # type: ignore[arg-type]
+        later = replace(record(1, 0.3), eval={**now, "eval/template_share": share})
+        monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
+        assert (TAG in ctx.tags) == reported, share
+
+
+def test_the_shortcut_baseline_is_a_resumed_runs_first_eval(tmp_path: Path) -> None:
+    monitor, ctx = LearningMonitor(), context(tmp_path)
+    ctx.history = [{"generation": 0, **countdown_eval(NOTHING)}]
+    monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+    later = replace(record(5, 0.3), eval=countdown_eval(SUMS))
+    monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
+    assert ctx.tags[TAG] == "shortcut"
+
+
+def test_shortcut_rise_out_of_range_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="shortcut_rise"):
+        LearningMonitor(shortcut_rise=0.0)

@@ -111,7 +111,9 @@ def test_score_keys_and_values() -> None:
         " x</think> <answer>1 + 1</answer>",  # think + answer blocks, wrong answer
     ]
     scores = task.score([ex] * 3, completions)
-    assert set(scores) == {"reward", "format_reward", "answer_reward", "accuracy"}
+    public = {k for k in scores if not k.startswith("_")}
+    assert public == {"reward", "format_reward", "answer_reward", "accuracy"}
+    assert set(scores) - public == {"_template_answer", "_form"}  # for summarize alone
     assert scores["reward"] == [1.1, 0.0, 0.06]
     assert scores["accuracy"] == [1.0, 0.0, 0.0]
     assert scores["format_reward"] == [1.0, 0.0, 0.6]

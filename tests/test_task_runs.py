@@ -3,6 +3,7 @@ tiny model (subprocesses; the scorer run talks to a real scorer server subproces
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -46,6 +47,18 @@ def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
     assert "train/reward_mean" not in records[1]
     assert 0.0 <= records[-1]["train/accuracy_mean"] <= 1.0
     assert records[0]["data/train_test_overlap"] == 0  # generated puzzles: none repeated
+    # the shortcut figures (Countdown.summarize): the mean's as eval/, the population's as train/
+    shortcut = ["shortcut_accuracy", "shortcut/sum", "template_solvable_share"]
+    assert all(f"eval/{k}" in r for r in records for k in [*shortcut, "accuracy/n3"])
+    assert all(f"train/{k}" in r for r in records[1:] for k in shortcut)
+    # the first 4 held-out puzzles of the tree generator, seed 0: sums solve 2 of them
+    assert records[0]["eval/shortcut/sum"] == 0.5
+    assert not [k for r in records for k in r if "_form" in k or "_template_answer" in k]
+    samples = sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
+    assert len(samples) == 3  # nor in the samples file of each eval
+    for sample in samples:
+        scores = json.loads(sample.read_text().splitlines()[0])["scores"]
+        assert "accuracy" in scores and not [k for k in scores if k.startswith("_")]
 
 
 def test_countdown_run_records_the_train_test_overlap(

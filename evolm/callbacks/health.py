@@ -19,12 +19,21 @@ A run that learns the wrong thing is reported the same way (``gaming_empty``,
 first generation's while its share of empty completions, or of completions cut at the token
 budget, has risen by ``gaming_rise`` or more (:mod:`evolm.diagnostics`), the reward pays for
 answering nothing (or for never stopping): ``THIS RUN IS GAMING ITS REWARD``, naming the metric.
+
+A run that learns a shortcut (``shortcut``) is told so at an evaluation of the mean: when the
+held-out accuracy (``eval/accuracy_mean``) has risen by ``shortcut_rise`` or more above the
+run's first evaluation while the accuracy on the puzzles no answer template solves
+(``eval/accuracy_beyond_shortcuts``) rose by less than a quarter of that, or while
+:data:`TEMPLATE_SHARE_ALARM` or more of the correct answers are template answers
+(``eval/template_share``): ``THIS RUN IS LEARNING A SHORTCUT``, quoting the numbers. The names
+are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is watched.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 
 from evolm import metrics as M
 from evolm.callbacks.base import Callback, RunContext
@@ -77,6 +86,25 @@ ADVICE = {
 GAMING = {"gaming_empty": M.EMPTY_SHARE, "gaming_truncated": M.TRUNCATED_SHARE}
 """Reward-gaming conditions and the diagnostic (``train/<name>``) each watches."""
 
+SHORTCUT = "shortcut"
+TEMPLATE_SHARE_ALARM = 0.9
+"""A share of template answers among the correct ones this high, with the accuracy risen, is a
+shortcut whatever the other puzzles do."""
+BEYOND_SHARE = 0.25
+"""Accuracy beyond shortcuts must rise by at least this share of the accuracy's rise."""
+ACCURACY = M.eval_score(M.CORRECT_SCORE)
+BEYOND = M.eval_diagnostic(M.ACCURACY_BEYOND_SHORTCUTS)
+TEMPLATES = M.eval_diagnostic(M.TEMPLATE_SHARE)
+BEST_TEMPLATE = M.eval_diagnostic(M.SHORTCUT_ACCURACY)
+SHORTCUT_ADVICE = (
+    "held-out accuracy ({acc}) rose from {acc_start} to {acc_now} while the accuracy on the "
+    "puzzles no answer template solves ({beyond}) went from {beyond_start} to {beyond_now}; "
+    "{share} of the correct answers are template answers ({templates}), and the best template "
+    "alone scores {best} on these puzzles ({best_name}). The model answers from the numbers' "
+    "order instead of solving. Read the mean's answers ({samples}), and measure it where no "
+    "template helps (task.drop_templates=test, or task.generator=uniform)"
+)
+
 
 class LearningMonitor(Callback):
     """Warns (and with ``abort``, stops the run) when a run cannot learn; see the module doc.
@@ -92,6 +120,9 @@ class LearningMonitor(Callback):
         gaming_rise: how much the share of empty (or truncated) completions must have risen
             since the first generation, with the fitness above the first generation's, to be
             reported as reward gaming (in (0, 1]; 1.0 only flags a rise from none to all).
+        shortcut_rise: how much the held-out accuracy must have risen since the first
+            evaluation, without the accuracy beyond shortcuts following, to be reported as a
+            shortcut (in (0, 1]).
     """
 
     every_rank = True  # its abort must stop every rank of a distributed run alike
@@ -103,6 +134,7 @@ class LearningMonitor(Callback):
         population_size: int | None = None,
         max_nonfinite: float = 0.5,
         gaming_rise: float = 0.25,
+        shortcut_rise: float = 0.02,
     ) -> None:
         if patience < 1:
             raise ConfigError("patience", f"must be >= 1, got {patience}", "e.g. 3")
@@ -114,7 +146,12 @@ class LearningMonitor(Callback):
             raise ConfigError(
                 "gaming_rise", f"must be in (0, 1], got {gaming_rise}", "e.g. 0.25 (1.0: lenient)"
             )
+        if not 0.0 < shortcut_rise <= 1.0:
+            raise ConfigError(
+                "shortcut_rise", f"must be in (0, 1], got {shortcut_rise}", "e.g. 0.02"
+            )
         self.patience, self.abort, self.gaming_rise = patience, abort, gaming_rise
+        self.shortcut_rise = shortcut_rise
         self.population_size, self.max_nonfinite = population_size, max_nonfinite
         self._reset()
 
@@ -123,14 +160,18 @@ class LearningMonitor(Callback):
         self.reported: set[str] = set()
         self.learned = 0  # generations whose members' fitness differed and the mean moved
         self.first: Record | None = None  # the run's first generation (the gaming baseline)
+        self.first_eval: Record | None = None  # the run's first eval (the shortcut baseline)
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self._reset()
         self.first = next((r for r in ctx.history if M.FITNESS_STD in r), None)
+        self.first_eval = next((r for r in ctx.history if ACCURACY in r), None)
 
     def on_generation_end(
         self, ctx: RunContext, generation: GenerationRecord, state: ESState
     ) -> None:
+        if generation.eval and SHORTCUT not in self.reported and self._shortcut(generation.eval):
+            self._report_shortcut(ctx, generation.generation, generation.eval)
         if generation.es is None:
             return  # the start's eval record
         record = generation.as_record()  # flat, as the baseline from ctx.history is
@@ -163,6 +204,54 @@ class LearningMonitor(Callback):
             grown = record.get(name, 0.0) - first.get(name, math.inf)
             out[condition] = bool(rose and grown >= self.gaming_rise)
         return out
+
+    def _shortcut(self, evaluation: Mapping[str, float]) -> bool:
+        """Whether the held-out accuracy has risen by ``shortcut_rise`` since the first eval
+        while the accuracy beyond shortcuts has not followed, or while nearly every correct
+        answer is a template answer (the first eval with an accuracy is the baseline)."""
+        if ACCURACY not in evaluation:
+            return False
+        first = self.first_eval
+        if first is None:
+            self.first_eval = dict(evaluation)
+            return False
+        rise = evaluation[ACCURACY] - first[ACCURACY]
+        if not rise >= self.shortcut_rise:  # NaN: no
+            return False
+        beyond = evaluation.get(BEYOND, math.nan) - first.get(BEYOND, math.nan)
+        return bool(beyond < BEYOND_SHARE * rise) or (
+            evaluation.get(TEMPLATES, 0.0) >= TEMPLATE_SHARE_ALARM
+        )
+
+    def _report_shortcut(
+        self, ctx: RunContext, generation: int, evaluation: Mapping[str, float]
+    ) -> None:
+        first = self.first_eval or {}
+        message = SHORTCUT_ADVICE.format(
+            acc=ACCURACY,
+            acc_start=_share(first, ACCURACY),
+            acc_now=_share(evaluation, ACCURACY),
+            beyond=BEYOND,
+            beyond_start=_share(first, BEYOND),
+            beyond_now=_share(evaluation, BEYOND),
+            share=_share(evaluation, TEMPLATES),
+            templates=TEMPLATES,
+            best=_share(evaluation, BEST_TEMPLATE),
+            best_name=BEST_TEMPLATE,
+            samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
+        )
+        self.reported.add(SHORTCUT)
+        ctx.tags[TAG] = SHORTCUT
+        if self.abort:
+            raise RunAborted(
+                f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
+                f"{generation}"
+            )
+        log.warning(
+            "THIS RUN IS LEARNING A SHORTCUT: %s. Set callbacks.health.abort=true to stop such "
+            "runs.",
+            message,
+        )
 
     def _check_nonfinite(self, record: Record) -> None:
         """Stop the run when more than ``max_nonfinite`` of the members had no finite fitness."""
@@ -218,3 +307,9 @@ class LearningMonitor(Callback):
             "share_start": f"{self.first[name]:.2f}",
             "share": f"{record[name]:.2f}",
         }
+
+
+def _share(record: Mapping[str, float], name: str) -> str:
+    """``record[name]`` as a percentage for a message (``n/a`` when the record lacks it)."""
+    value = record.get(name)
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.1%}"

@@ -36,7 +36,8 @@ class Example:
 
 
 Scores = dict[str, list[float]]
-"""Per-completion scores; the key ``"reward"`` is required, others are logged as task metrics."""
+"""Per-completion scores; the key ``"reward"`` is required, others are logged as task metrics,
+except keys that start with ``_`` (per-row data for :meth:`Task.summarize` alone)."""
 
 
 @runtime_checkable
@@ -78,6 +79,16 @@ class Task(Protocol):
         """Numbers about the task's data (Countdown: ``train_test_overlap``, the eval puzzles
         that are also training puzzles), logged once, in generation 0's record, as
         ``data/<name>``."""
+        return {}
+
+    def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
+        """Set-level numbers of one evaluation, beyond the per-completion means (countdown: how
+        much of the accuracy an answer template explains). ``examples`` and ``scores`` are the
+        evaluation's rows, member-major (``examples`` repeats the prompts once per member),
+        every rank's in a distributed run. Per-row data only this hook needs travels in score
+        keys starting with ``_``, which are never logged. The numbers are logged as
+        diagnostics: ``train/<name>`` for the population, ``eval/<name>`` for the mean. Leave
+        a number out rather than return NaN (an empty subset)."""
         return {}
 
     def after_generation(self, scores: Mapping[str, float]) -> dict[str, float]:

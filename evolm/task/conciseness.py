@@ -29,6 +29,7 @@ class Conciseness(Task):
         eval_file: held-out JSON lines for evaluating the mean; ``None``: bundled.
         chat_template: wrap questions in the model's chat template (the paper used raw text).
         max_new_tokens, temperature, top_p: decoding (greedy by default, as the paper).
+        stop: stop strings (e.g. ``["\\n"]``): a completion ends after the first one.
     """
 
     def __init__(
@@ -39,8 +40,10 @@ class Conciseness(Task):
         max_new_tokens: int = 100,
         temperature: float = 0.0,
         top_p: float = 1.0,
+        stop: Sequence[str] = (),
     ) -> None:
-        self.sampling = Sampling(max_new_tokens, temperature, top_p)
+        stop = stop if isinstance(stop, str) else tuple(stop)  # a bare string: Sampling refuses
+        self.sampling = Sampling(max_new_tokens, temperature, top_p, stop=stop)  # type: ignore[arg-type]
         self.chat_template = chat_template
         train_path = train_file or bundled("conciseness/train.jsonl")
         eval_path = eval_file or bundled("conciseness/eval.jsonl")

@@ -2,21 +2,39 @@
 
 Reward per completion (see :mod:`evolm.task.countdown_reward`): ``0.1 * format + answer``,
 scored on the completion only; ``accuracy`` is 1 when the answer is correct. Puzzles come from
-evolm's own generator (:func:`~evolm.task.countdown_data.generate_puzzles`) or from a JSON file
-with the fields of the paper's ``countdown.json``; the first ``train_size`` records are the
-training split and the rest the test split.
+one of evolm's generators (:mod:`evolm.task.countdown_sources`: ``tree``, ``uniform``) or from a
+JSON file with the fields of the paper's ``countdown.json``; the first ``train_size`` records are
+the training split and the rest the test split. Every evaluation also reports how much of its
+accuracy an answer template explains (:meth:`Countdown.summarize`,
+:mod:`evolm.task.countdown_shortcuts`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
+from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.task.base import Example, Sampling, Scores, Task, cycling_window
-from evolm.task.countdown_data import generate_puzzles, load_countdown_json
-from evolm.task.countdown_reward import countdown_reward, paper_prompt
+from evolm.task.countdown_data import load_countdown_json
+from evolm.task.countdown_reward import countdown_reward, extract_answer, paper_prompt
+from evolm.task.countdown_shortcuts import (
+    AnswerShape,
+    PuzzleInfo,
+    answer_shape,
+    classify,
+    form_code,
+)
+from evolm.task.countdown_sources import (
+    check_source,
+    drop_split,
+    generated_splits,
+    puzzle_stream,
+)
+from evolm.task.countdown_summary import shortcut_summary
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +49,12 @@ ASSISTANT_PREFIX = "Let me solve this step by step.\n<think>"
 """The paper prompt's ending: appended after the assistant header in the chat variant."""
 
 SCORE_KEYS = ("reward", "format_reward", "answer_reward", "accuracy")
+TEMPLATE_ANSWER, FORM = "_template_answer", "_form"
+"""Per-row data for :meth:`Countdown.summarize` alone (``_`` keys are never logged): whether the
+answer is a template answer (1/0), and its form's code (NaN: no answer that parses)."""
+Placed = tuple[int, dict[str, Any]]
+"""A record and its place: its position in the data file, or in the generator's stream."""
+_SHAPES_KEPT = 65_536  # answer shapes remembered (members often write the same answer)
 
 
 def chat_messages(prompt: str) -> tuple[list[dict[str, str]], str]:
@@ -59,6 +83,31 @@ def train_test_overlap(train: Sequence[Example], test: Sequence[Example]) -> int
     return sum(puzzle_key(e) in seen for e in test)
 
 
+def _check_train_size(n: int, train_size: int) -> None:
+    if not 1 <= train_size < n:
+        raise ConfigError(
+            "train_size",
+            f"must be in [1, {n - 1}] for {n} records (the rest is the test split), "
+            f"got {train_size}",
+            "lower train_size, or raise generate_count / use a larger data_file",
+        )
+
+
+def _check_counts(per_generation: int, eval_samples: int | None) -> None:
+    _positive("samples_per_generation", per_generation, "e.g. 8")
+    if eval_samples is not None:
+        _positive("eval_samples", eval_samples, "e.g. 32, or null for the whole test split")
+
+
+def _check_window(per_generation: int, train: int) -> None:
+    if per_generation > train:
+        raise ConfigError(
+            "samples_per_generation",
+            f"{per_generation} exceeds the training split ({train} records)",
+            "use at most train_size prompts per generation",
+        )
+
+
 class Countdown(Task):
     """The Countdown task.
 
@@ -69,6 +118,14 @@ class Countdown(Task):
             split (the paper: 200 of 2,200).
         generate_count: how many puzzles to generate when ``data_file`` is ``None``.
         seed: the generator's seed (same seed, same puzzles).
+        generator: ``tree`` (evolm's random expression trees; about 18% are sums) or
+            ``uniform`` (3-4 numbers of 1..99, a target uniform in ``[target_min,
+            target_max]``, kept if solvable: the TinyZero style); see
+            :mod:`evolm.task.countdown_sources`.
+        target_min, target_max: the uniform generator's target range.
+        drop_templates: ``None``, ``train``, ``test`` or ``both``: leave out of that split every
+            puzzle a fixed operator pattern solves (generated splits keep their size, a data
+            file's split shrinks).
         samples_per_generation: training prompts per generation; generation ``g`` takes the
             ``g``-th window of the training split, wrapping around (:func:`cycling_window`).
         eval_samples: evaluate the mean on the first ``eval_samples`` test records; ``None``
@@ -89,6 +146,10 @@ class Countdown(Task):
         train_size: int = 200,
         generate_count: int = 400,
         seed: int = 0,
+        generator: str = "tree",
+        target_min: int = 1,
+        target_max: int = 100,
+        drop_templates: str | None = None,
         samples_per_generation: int = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
@@ -97,18 +158,23 @@ class Countdown(Task):
         top_p: float = 1.0,
         stop: Sequence[str] = (),
     ) -> None:
-        self.sampling = Sampling(max_new_tokens, temperature, top_p, tuple(stop))
+        stop = stop if isinstance(stop, str) else tuple(stop)  # a bare string: Sampling refuses
+        self.sampling = Sampling(max_new_tokens, temperature, top_p, stop=stop)  # type: ignore[arg-type]
         self.chat_template = chat_template
         self.samples_per_generation = samples_per_generation
-        records = self._records(data_file, generate_count, seed)
-        self._check_sizes(len(records), train_size, samples_per_generation, eval_samples)
-        where = f"{data_file} record" if data_file else f"generated (seed {seed}) puzzle"
-        examples = [self._example(r, f"{where} {i}") for i, r in enumerate(records)]
-        self.train = examples[:train_size]
-        test = examples[train_size:]
+        check_source(generator, drop_templates, target_min, target_max)
+        _check_counts(samples_per_generation, eval_samples)
+        targets = (target_min, target_max)
+        train, test = self._splits(
+            data_file, train_size, generate_count, seed, generator, targets, drop_templates
+        )
+        _check_window(samples_per_generation, len(train))
+        kind = "" if generator == "tree" else f"{generator}, "
+        where = f"{data_file} record" if data_file else f"generated ({kind}seed {seed}) puzzle"
+        self.train = [self._example(r, f"{where} {i}") for i, r in train]
         if eval_samples is not None and eval_samples > len(test):
             log.warning("eval_samples=%d > %d test records: using all", eval_samples, len(test))
-        self.eval = test[:eval_samples]
+        self.eval = [self._example(r, f"{where} {i}") for i, r in test[:eval_samples]]
         self.overlap = train_test_overlap(self.train, self.eval)
         if self.overlap:
             log.warning(
@@ -119,34 +185,35 @@ class Countdown(Task):
                 self.overlap,
                 len(self.eval),
             )
+        self._puzzles: dict[tuple[tuple[int, ...], str], PuzzleInfo] = {}
+        self._shapes: dict[tuple[str, tuple[int, ...]], AnswerShape | None] = {}
 
     @staticmethod
-    def _records(data_file: str | None, generate_count: int, seed: int) -> list[dict[str, Any]]:
+    def _splits(
+        data_file: str | None,
+        train_size: int,
+        generate_count: int,
+        seed: int,
+        generator: str,
+        targets: tuple[int, int],
+        drop: str | None,
+    ) -> tuple[list[Placed], list[Placed]]:
+        """The training and test records with their places (in the file, or the generator's
+        stream): a data file's (filtered by ``drop``), or generated."""
         if data_file is not None:
-            return load_countdown_json(data_file, key="data_file")
+            records = list(enumerate(load_countdown_json(data_file, key="data_file")))
+            _check_train_size(len(records), train_size)
+            train, test = records[:train_size], records[train_size:]
+            if drop in ("train", "both"):
+                train = drop_split(train, "training", data_file)
+            if drop in ("test", "both"):
+                test = drop_split(test, "test", data_file)
+            return train, test
         _positive("generate_count", generate_count, "generate more puzzles than train_size")
-        return generate_puzzles(generate_count, seed)
-
-    @staticmethod
-    def _check_sizes(
-        n: int, train_size: int, per_generation: int, eval_samples: int | None
-    ) -> None:
-        if not 1 <= train_size < n:
-            raise ConfigError(
-                "train_size",
-                f"must be in [1, {n - 1}] for {n} records (the rest is the test split), "
-                f"got {train_size}",
-                "lower train_size, or raise generate_count / use a larger data_file",
-            )
-        _positive("samples_per_generation", per_generation, "e.g. 8")
-        if per_generation > train_size:
-            raise ConfigError(
-                "samples_per_generation",
-                f"{per_generation} exceeds the training split ({train_size} records)",
-                "use at most train_size prompts per generation",
-            )
-        if eval_samples is not None:
-            _positive("eval_samples", eval_samples, "e.g. 32, or null for the whole test split")
+        _check_train_size(generate_count, train_size)
+        stream = puzzle_stream(generator, seed, *targets)
+        train, test = generated_splits(stream, generate_count, train_size, drop)
+        return [(r["id"], r) for r in train], [(r["id"], r) for r in test]
 
     def _example(self, record: dict[str, Any], source: str) -> Example:
         text = paper_prompt(record["numbers"], record["target"])
@@ -166,9 +233,43 @@ class Countdown(Task):
         return self.eval
 
     def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
-        scores: Scores = {k: [] for k in SCORE_KEYS}
+        scores: Scores = {k: [] for k in (*SCORE_KEYS, TEMPLATE_ANSWER, FORM)}
         for example, completion in zip(examples, completions, strict=True):
             ref = example.reference
             for key, value in countdown_reward(completion, ref["numbers"], ref["target"]).items():
                 scores[key].append(value)
+            shape = self._shape(completion, ref["numbers"])
+            scores[TEMPLATE_ANSWER].append(float(shape is not None and shape.template))
+            scores[FORM].append(math.nan if shape is None else form_code(shape.form))
         return scores
+
+    def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
+        """How much of this evaluation's accuracy a shortcut explains (names:
+        :mod:`evolm.metrics`; :func:`~evolm.task.countdown_summary.shortcut_summary`). Each
+        puzzle is classified once per task."""
+        infos = [self.puzzle_info(e) for e in examples]
+        correct = scores[M.CORRECT_SCORE]
+        return shortcut_summary(infos, correct, scores[TEMPLATE_ANSWER], scores[FORM])
+
+    def puzzle_info(self, example: Example) -> PuzzleInfo:
+        """The example's puzzle classified (:func:`~evolm.task.countdown_shortcuts.classify`),
+        remembered by numbers (in their order) and target."""
+        ref = example.reference
+        key = tuple(ref["numbers"]), str(ref["target"])
+        info = self._puzzles.get(key)
+        if info is None:
+            info = self._puzzles[key] = classify(ref["numbers"], ref["target"])
+        return info
+
+    def _shape(self, completion: str, numbers: Sequence[int]) -> AnswerShape | None:
+        """The shape of the completion's answer, remembered by answer text (members often
+        write the same answer): ~0.04 ms for each new one."""
+        answer = extract_answer(completion)
+        if answer is None:
+            return None
+        key = answer, tuple(numbers)
+        if key not in self._shapes:
+            if len(self._shapes) >= _SHAPES_KEPT:
+                self._shapes.clear()
+            self._shapes[key] = answer_shape(answer, numbers)
+        return self._shapes[key]

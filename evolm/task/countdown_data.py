@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -20,11 +20,14 @@ from evolm.task.countdown_reward import TOLERANCE, format_target, paper_prompt, 
 
 __all__ = [
     "FIELDS",
+    "apply_operator",
     "chain_expression",
     "generate_puzzle",
     "generate_puzzles",
     "load_countdown_json",
+    "puzzle_record",
     "solve_chain",
+    "tree_records",
 ]
 
 FIELDS = ("id", "context", "numbers", "target", "solution")
@@ -39,7 +42,8 @@ def _check(ok: bool, key: str, problem: str, fix: str) -> None:
         raise ConfigError(key, problem, fix)
 
 
-def _apply(a: Fraction, op: str, b: Fraction) -> Fraction | None:
+def apply_operator(a: Fraction, op: str, b: Fraction) -> Fraction | None:
+    """``a op b`` for ``op`` in ``+ - * /``, exactly; ``None`` for a division by zero."""
     if op == "+":
         return a + b
     if op == "-":
@@ -66,7 +70,7 @@ def _try_tree(
         i, j = rng.sample(range(len(pool)), 2)  # ordered: the left operand is pool[i]
         (a, a_text), (b, b_text) = pool[i], pool[j]
         op = rng.choice(_OPS)
-        value = _apply(a, op, b)
+        value = apply_operator(a, op, b)
         if value is None:
             return None
         if abs(value) > max_intermediate or value.denominator > max_denominator:
@@ -109,7 +113,7 @@ def solve_chain(
         for ops in itertools.product(_OPS, repeat=len(order) - 1):
             value: Fraction | None = Fraction(order[0])
             for op, x in zip(ops, order[1:], strict=True):
-                value = _apply(value, op, Fraction(x))
+                value = apply_operator(value, op, Fraction(x))
                 if value is None:
                     break
             if value is not None and abs(value - goal) < TOLERANCE:
@@ -191,29 +195,38 @@ def generate_puzzles(
         f"must be >= 1, got {max_denominator}",
         "use 1 for integer-only arithmetic",
     )
+    constraints = {
+        "min_numbers": min_numbers,
+        "max_numbers": max_numbers,
+        "max_value": max_value,
+        "max_target": max_target,
+        "max_denominator": max_denominator,
+        "allow_negative": allow_negative,
+    }
+    return list(itertools.islice(tree_records(seed, **constraints), n))
+
+
+def tree_records(seed: int, **constraints: Any) -> Iterator[dict[str, Any]]:
+    """The endless stream of :func:`generate_puzzles` records (``id`` 0, 1, ...): its first
+    ``n`` are ``generate_puzzles(n, seed)``; ``constraints`` are :func:`generate_puzzle`'s."""
     rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
-    for i in range(n):
-        numbers, value, solution = generate_puzzle(
-            rng,
-            min_numbers=min_numbers,
-            max_numbers=max_numbers,
-            max_value=max_value,
-            max_target=max_target,
-            max_denominator=max_denominator,
-            allow_negative=allow_negative,
-        )
-        target = format_target(value)
-        records.append(
-            {
-                "id": i,
-                "context": paper_prompt(numbers, target),
-                "numbers": numbers,
-                "target": target,
-                "solution": solution,
-            }
-        )
-    return records
+    for i in itertools.count():
+        numbers, value, solution = generate_puzzle(rng, **constraints)
+        yield puzzle_record(i, numbers, value, solution)
+
+
+def puzzle_record(
+    i: int, numbers: list[int], target: str | int | Fraction, solution: str | None
+) -> dict[str, Any]:
+    """A Countdown record with the fields of :data:`FIELDS` (``target`` as the file writes it)."""
+    text = format_target(target)
+    return {
+        "id": i,
+        "context": paper_prompt(numbers, text),
+        "numbers": numbers,
+        "target": text,
+        "solution": solution,
+    }
 
 
 def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, Any]]:

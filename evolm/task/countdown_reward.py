@@ -47,6 +47,7 @@ __all__ = [
     "format_reward",
     "format_target",
     "paper_prompt",
+    "parse_answer",
     "parse_target",
 ]
 
@@ -211,6 +212,19 @@ def evaluate_expression(expr: str) -> Fraction | None:
     """
     try:
         return _Parser(_tokenize(expr)).parse()
+    except (_Malformed, ZeroDivisionError):
+        return None
+
+
+def parse_answer(answer: str) -> tuple[list[str], Fraction] | None:
+    """The tokens (``"(1 + 2) / 3"`` -> ``["(", "1", "+", ...]``) and exact value of an answer
+    text the reward evaluates (its characters allowed, it parses, no division by zero); else
+    ``None``. For analyses of answers (:mod:`evolm.task.countdown_shortcuts`), not the reward."""
+    if not answer or not _ALLOWED.fullmatch(answer):
+        return None
+    try:
+        tokens = _tokenize(answer)
+        return tokens, _Parser(tokens).parse()
     except (_Malformed, ZeroDivisionError):
         return None
 

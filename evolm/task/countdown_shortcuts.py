@@ -1,0 +1,192 @@
+"""Countdown shortcuts: answers that need no solving, and what kind of puzzle each one is.
+
+A model can raise countdown accuracy without solving anything (issue 36: a Qwen 0.5B answered
+every puzzle with the sum of its numbers and scored 18% on evolm's generator, where 18% of the
+puzzles are sums). This module makes such shortcuts visible; exact arithmetic throughout
+(:class:`fractions.Fraction`), the reward's tolerance (|value - target| < 1e-5).
+
+* A **template** is an answer computable from the puzzle's numbers alone, never the target: a
+  left-to-right chain over the numbers in the order the puzzle gives them, with a FIXED operator
+  pattern (a string of ``n - 1`` operators: ``"++"`` is ``a + b + c``, ``"-+"`` is
+  ``a - b + c``). The named ones (:data:`TEMPLATES`): ``sum`` (all ``+``), ``product`` (all
+  ``*``), ``chain_sub`` (all ``-``), ``chain_div`` (all ``/``). A model can use a different fixed
+  pattern per puzzle size, so the best template's accuracy on a set of puzzles is the best
+  pattern per size, weighted by the sizes' counts
+  (:func:`~evolm.task.countdown_summary.puzzle_rates`).
+* Every puzzle is in one **family** (:data:`FAMILIES`): ``template`` (some fixed pattern solves
+  it), ``addsub`` (no template does, but ``+``/``-`` alone do, any order), ``muldiv`` (solvable,
+  but only with ``*`` or ``/``), ``unsolvable`` (no expression over all its numbers reaches the
+  target: :mod:`evolm.task.countdown_solver`); ``None`` for puzzles too large to search.
+* An answer is a **template answer** when it uses the numbers in the puzzle's order, only binary
+  operators, and its value is the left-to-right chain of its operators (parentheses only
+  enforcing left to right: ``(a + b) * c``), or when all its operators are ``+`` (or all ``*``),
+  in any order. Its **form** is the answer with each number replaced by its place in the puzzle
+  (``"a - b + c"``, ``"(c + a) * b"``): how many answers share one form shows a model that
+  writes one form for everything.
+
+Set-level numbers: :mod:`evolm.task.countdown_summary`; the rates of a data set:
+``python -m evolm.task.countdown_stats`` (docs/tasks.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from evolm.task.countdown_data import apply_operator
+from evolm.task.countdown_reward import TOLERANCE, extract_answer, parse_answer, parse_target
+from evolm.task.countdown_solver import reaches, reaches_by_signs
+
+__all__ = [
+    "FAMILIES",
+    "TEMPLATES",
+    "AnswerShape",
+    "PuzzleInfo",
+    "answer_shape",
+    "chain_values",
+    "classify",
+    "completion_shape",
+    "form_code",
+    "solving_patterns",
+]
+
+TEMPLATES = {"sum": "+", "product": "*", "chain_sub": "-", "chain_div": "/"}
+"""The named templates and the operator each repeats."""
+
+FAMILIES = ("template", "addsub", "muldiv", "unsolvable")
+"""The puzzle families, a partition (see the module doc)."""
+
+_OPS = "+-*/"
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def chain_values(numbers: Sequence[int]) -> dict[str, Fraction]:
+    """The value of every fixed operator pattern over ``numbers`` in their order, left to right:
+    ``{"++": a + b + c, "+-": a + b - c, ..., "//": a / b / c}`` (a pattern that divides by zero
+    is left out; one number: ``{"": a}``)."""
+    level = {"": Fraction(numbers[0])}
+    for x in numbers[1:]:
+        b = Fraction(x)
+        level = {
+            pattern + op: value
+            for pattern, a in level.items()
+            for op in _OPS
+            if (value := apply_operator(a, op, b)) is not None
+        }
+    return level
+
+
+def solving_patterns(numbers: Sequence[int], target: str | float) -> frozenset[str]:
+    """The fixed operator patterns whose chain over ``numbers`` reaches ``target``."""
+    goal = Fraction(parse_target(target))
+    return frozenset(p for p, v in chain_values(numbers).items() if abs(v - goal) < TOLERANCE)
+
+
+@dataclass(frozen=True)
+class PuzzleInfo:
+    """What one puzzle is: its size, the fixed patterns that solve it, its family."""
+
+    size: int
+    patterns: frozenset[str]
+    family: str | None  # one of FAMILIES; None: not searched (too many numbers)
+
+    @property
+    def template_solvable(self) -> bool:
+        """Some fixed operator pattern solves the puzzle."""
+        return bool(self.patterns)
+
+    def solved_by(self, template: str) -> bool:
+        """Whether the named template (:data:`TEMPLATES`) solves the puzzle."""
+        return TEMPLATES[template] * (self.size - 1) in self.patterns
+
+
+def classify(numbers: Sequence[int], target: str | float) -> PuzzleInfo:
+    """The :class:`PuzzleInfo` of one puzzle (the exhaustive search runs only when neither a
+    template nor ``+``/``-`` alone solve it)."""
+    patterns = solving_patterns(numbers, target)
+    goal = Fraction(parse_target(target))
+    family: str | None
+    if patterns:
+        family = "template"
+    elif reaches_by_signs(numbers, goal):
+        family = "addsub"
+    else:
+        solvable = reaches(numbers, goal)
+        family = None if solvable is None else "muldiv" if solvable else "unsolvable"
+    return PuzzleInfo(len(numbers), patterns, family)
+
+
+@dataclass(frozen=True)
+class AnswerShape:
+    """How an answer is written: its form (numbers replaced by their places in the puzzle,
+    ``"a - b + c"``) and whether it is a template answer (see the module doc)."""
+
+    form: str
+    template: bool
+
+
+def completion_shape(completion: str, numbers: Sequence[int]) -> AnswerShape | None:
+    """The shape of a completion's last ``<answer>``; ``None`` when it has none that parses."""
+    answer = extract_answer(completion)
+    return None if answer is None else answer_shape(answer, numbers)
+
+
+def answer_shape(answer: str, numbers: Sequence[int]) -> AnswerShape | None:
+    """The shape of an answer text (``"44 + 19 + 35"``); ``None`` when the reward could not
+    evaluate it (characters, syntax, a division by zero)."""
+    parsed = parse_answer(answer)
+    if parsed is None:
+        return None
+    tokens, value = parsed
+    return AnswerShape(_form(tokens, numbers), _is_template(tokens, value, numbers))
+
+
+def _form(tokens: Sequence[str], numbers: Sequence[int]) -> str:
+    """``tokens`` with each number replaced by the letter of its place in ``numbers`` (the first
+    unused place holding that value; ``#``: a number the puzzle does not give)."""
+    free = list(range(len(numbers)))
+    out = []
+    for tok in tokens:
+        if tok.isdigit():
+            place = next((i for i in free if numbers[i] == int(tok)), None)
+            if place is None:
+                tok = "#"
+            else:
+                free.remove(place)
+                tok = _LETTERS[place] if place < len(_LETTERS) else f"x{place}"
+        out.append(tok)
+    return " ".join(out).replace("( ", "(").replace(" )", ")")
+
+
+def _is_template(tokens: Sequence[str], value: Fraction, numbers: Sequence[int]) -> bool:
+    """Whether the answer of ``tokens`` (worth ``value``) is a template answer for the puzzle of
+    ``numbers``."""
+    found: list[int] = []
+    ops: list[str] = []
+    previous = None
+    for tok in tokens:
+        if tok.isdigit():
+            found.append(int(tok))
+        elif tok in _OPS:
+            if previous is None or previous == "(" or previous in _OPS:
+                return False  # a unary sign: not a chain over the numbers
+            ops.append(tok)
+        previous = tok
+    if sorted(found) != sorted(numbers):
+        return False
+    if len(set(ops)) <= 1 and set(ops) <= {"+", "*"}:
+        return True  # a sum or a product, in any order
+    if found != list(numbers):
+        return False
+    chain: Fraction | None = Fraction(found[0])
+    for op, x in zip(ops, found[1:], strict=True):
+        chain = None if chain is None else apply_operator(chain, op, Fraction(x))
+    return chain == value
+
+
+def form_code(form: str) -> float:
+    """A form as a number that travels with the scores: a 52-bit hash, exact in a float."""
+    digest = hashlib.blake2b(form.encode(), digest_size=8).digest()
+    return float(int.from_bytes(digest, "big") >> 12)

@@ -1,0 +1,273 @@
+"""Countdown shortcuts (issue 36): templates, puzzle families, answer shapes, the set-level
+numbers of ``Countdown.summarize``, the uniform generator and ``drop_templates``. Pure Python,
+no model: the whole file runs in a few seconds."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+
+from evolm.errors import ConfigError
+from evolm.task.base import Example
+from evolm.task.conciseness import Conciseness
+from evolm.task.countdown import Countdown
+from evolm.task.countdown_data import generate_puzzles
+from evolm.task.countdown_reward import countdown_reward
+from evolm.task.countdown_shortcuts import (
+    PuzzleInfo,
+    answer_shape,
+    classify,
+    completion_shape,
+    solving_patterns,
+)
+from evolm.task.countdown_solver import reaches, solve
+from evolm.task.countdown_sources import template_solvable
+from evolm.task.countdown_summary import puzzle_rates
+
+PAPER_FILE = Path(__file__).resolve().parents[1].parent / "shared/data/countdown/countdown.json"
+
+SUM = ([44, 19, 35], "98")  # 44 + 19 + 35
+MINUS_PLUS = ([10, 3, 5], "12")  # 10 - 3 + 5
+ADDSUB = ([3, 10, 5], "12")  # -3 + 10 + 5: no fixed pattern in this order
+MULDIV = ([2, 3, 4], "14")  # (3 + 4) * 2
+SUM4 = ([1, 2, 3, 4], "10")  # 1 + 2 + 3 + 4, and 1 * 2 * 3 + 4
+UNSOLVABLE = ([1, 1, 1], "100")
+MINUS_PLUS2 = ([20, 5, 1], "16")  # 20 - 5 + 1
+
+
+def test_templates_and_families_of_hand_made_puzzles() -> None:
+    assert classify(*SUM) == PuzzleInfo(3, frozenset({"++"}), "template")
+    assert classify(*SUM).solved_by("sum") and not classify(*SUM).solved_by("chain_sub")
+    minus_plus = classify(*MINUS_PLUS)
+    assert minus_plus == PuzzleInfo(3, frozenset({"-+"}), "template")
+    assert minus_plus.template_solvable and not minus_plus.solved_by("sum")
+    assert classify(*ADDSUB) == PuzzleInfo(3, frozenset(), "addsub")  # order matters
+    assert classify(*MULDIV) == PuzzleInfo(3, frozenset(), "muldiv")
+    assert classify(*UNSOLVABLE) == PuzzleInfo(3, frozenset(), "unsolvable")
+    assert classify(*SUM4).patterns == {"+++", "**+"}
+    assert solving_patterns([8, 4, 2], "1") == {"//"}  # 8 / 4 / 2, exactly
+    assert solving_patterns([6, 0, 2], "3") == {"+/", "-/"}  # 6 / 0: no value, not an error
+    assert classify([1, 2, 3, 4, 5, 6], "719").family is None  # too large to search
+    assert classify([7, 2], "3.5").family == "template"  # a float target, as the file gives it
+    assert classify([7, 3, 9], "-13").family == "addsub"  # 3 - 7 - 9: a negative target
+
+
+def test_the_solver_uses_every_number_once_and_finds_an_expression() -> None:
+    assert reaches([2, 3, 4], "14") is True and reaches([1, 1, 1], "100") is False
+    assert reaches([3, 3, 8, 8], "24") is True  # 8 / (3 - 8 / 3): needs a fraction on the way
+    found = solve([3, 3, 8, 8], 24)
+    assert found is not None
+    assert countdown_reward(f"</think>\n<answer>{found}</answer>", [3, 3, 8, 8], 24)["accuracy"]
+    assert solve([1, 1, 1], 100) is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "numbers", "form", "template"),
+    [
+        ("44 + 19 + 35", [44, 19, 35], "a + b + c", True),
+        ("35 + 44 + 19", [44, 19, 35], "c + a + b", True),  # a sum in any order
+        ("(10 - 3) + 5", [10, 3, 5], "(a - b) + c", True),  # parentheses only left to right
+        ("10 - (3 - 5)", [10, 3, 5], "a - (b - c)", False),  # = 12, but not the chain a - b - c
+        ("10 - 3 + 5", [3, 10, 5], "b - a + c", False),  # mixed operators, not the given order
+        ("-3 + 10 + 5", [3, 10, 5], "- a + b + c", False),  # a unary sign
+        ("(3 + 4) * 2", [2, 3, 4], "(b + c) * a", False),
+        ("2 * 3 * 4", [2, 3, 4], "a * b * c", True),  # a product
+        ("(1 + 2) * 3 + 4", [1, 2, 3, 4], "(a + b) * c + d", True),
+        ("1 + 2 * 3 + 4", [1, 2, 3, 4], "a + b * c + d", False),  # not (1 + 2) * 3 + 4
+        ("5 + 3 + 5", [5, 5, 3], "a + c + b", True),  # repeated numbers take places in turn
+        ("1 + 1", [44, 19, 35], "# + #", False),  # numbers the puzzle does not give
+    ],
+)
+def test_template_answers_and_forms(answer: str, numbers: list[int], form: str, template: bool):
+    shape = answer_shape(answer, numbers)
+    assert shape is not None and (shape.form, shape.template) == (form, template)
+
+
+def test_answers_that_do_not_parse_have_no_shape() -> None:
+    assert completion_shape(" no answer here", [1, 2]) is None
+    assert completion_shape("</think>\n<answer> 1 / (2 - 2) </answer>", [1, 2, 2]) is None
+    assert completion_shape("<answer>2 ** 3</answer>", [2, 3]) is None
+    last = completion_shape("<answer>1 - 2</answer> then <answer> 2 + 1 </answer>", [1, 2])
+    assert last is not None and last.form == "b + a"  # the last answer, as the reward reads
+
+
+def row(numbers: list[int], target: str) -> Example:
+    return Example(prompt="", reference={"numbers": numbers, "target": target})
+
+
+PUZZLES = [SUM, MINUS_PLUS, ADDSUB, MULDIV, SUM4, UNSOLVABLE, MINUS_PLUS2]
+MEMBER_0 = [  # right on all but the unsolvable one
+    "44 + 19 + 35",
+    "10 - 3 + 5",
+    "10 - 3 + 5",
+    "2 * (3 + 4)",
+    "1 + 2 + 3 + 4",
+    "1 + 1 + 1",
+    "20 - 5 + 1",
+]
+MEMBER_1 = [  # the sum of the numbers, everywhere (no answer to the unsolvable one)
+    "44 + 19 + 35",
+    "10 + 3 + 5",
+    "3 + 10 + 5",
+    "2 + 3 + 4",
+    "1 + 2 + 3 + 4",
+    None,
+    "20 + 5 + 1",
+]
+
+
+def answers(texts: list[str | None]) -> list[str]:
+    return [" x" if t is None else f" x </think>\n<answer> {t} </answer>" for t in texts]
+
+
+@pytest.fixture(scope="module")
+def task() -> Countdown:
+    return Countdown(train_size=5, generate_count=12, samples_per_generation=2)
+
+
+def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
+    """Two members (member-major rows) on 7 puzzles; every value worked out by hand."""
+    examples = [row(*p) for p in PUZZLES] * 2
+    scores = task.score(examples, answers(MEMBER_0) + answers(MEMBER_1))
+    assert scores["accuracy"] == [*[1, 1, 1, 1, 1, 0, 1], *[1, 0, 0, 0, 1, 0, 0]]
+    out = task.summarize(examples, scores)
+    expected = {
+        # 3 numbers: "-+" solves 2 puzzles (4 rows), "++" 1; 4 numbers: SUM4 (2 rows)
+        "shortcut_accuracy": 6 / 14,
+        "shortcut/sum": 4 / 14,  # SUM and SUM4
+        "shortcut/product": 0.0,
+        "shortcut/chain_sub": 0.0,
+        "shortcut/chain_div": 0.0,
+        "template_solvable_share": 8 / 14,
+        "accuracy_beyond_shortcuts": 2 / 6,  # ADDSUB, MULDIV by member 0 of 3 puzzles x 2
+        "template_share": 6 / 8,  # of 8 correct answers, member 0's ADDSUB/MULDIV are not
+        # 3 numbers: "a + b + c" 7 of the 11 that parse; 4 numbers: 2 of 2
+        "answer_form_top_share": 9 / 13,
+        "accuracy/template": 6 / 8,
+        "accuracy/addsub": 1 / 2,
+        "accuracy/muldiv": 1 / 2,
+        "accuracy/n3": 6 / 12,
+        "accuracy/n4": 1.0,
+    }
+    assert out.keys() == expected.keys()
+    assert out == pytest.approx(expected)
+
+
+def test_empty_subsets_are_left_out_never_nan(task: Countdown) -> None:
+    examples = [row(*SUM), row(*MINUS_PLUS)]  # all template-solvable, nothing answered
+    out = task.summarize(examples, task.score(examples, [" x", " y"]))
+    assert not {"template_share", "answer_form_top_share", "accuracy_beyond_shortcuts"} & set(out)
+    assert not {"accuracy/addsub", "accuracy/muldiv", "accuracy/n4"} & set(out)
+    assert out["accuracy/n3"] == 0.0 and all(math.isfinite(v) for v in out.values())
+    assert task.summarize([], {"accuracy": [], "_template_answer": [], "_form": []}) == {}
+
+
+def uniform(seed: int = 0) -> list[tuple[list[int], str]]:
+    task = Countdown(
+        generator="uniform", target_min=5, target_max=60, seed=seed, train_size=10,
+        generate_count=24, samples_per_generation=2, eval_samples=None,
+    )  # fmt: skip
+    return puzzles(task.train) + puzzles(task.eval)
+
+
+def puzzles(examples: list[Example]) -> list[tuple[list[int], str]]:
+    return [(e.reference["numbers"], e.reference["target"]) for e in examples]
+
+
+def test_the_uniform_generator_is_deterministic_in_range_and_solvable() -> None:
+    drawn = uniform()
+    assert drawn == uniform() and drawn != uniform(seed=1)
+    assert len(drawn) == 24 and {len(n) for n, _ in drawn} == {3, 4}
+    assert all(1 <= x <= 99 for n, _ in drawn for x in n)
+    assert all(5 <= int(t) <= 60 for _, t in drawn)
+    assert all(reaches(n, t) for n, t in drawn)
+    tree = puzzles(Countdown(samples_per_generation=2).train)  # the default: unchanged
+    assert tree == [(r["numbers"], r["target"]) for r in generate_puzzles(200, 0)]
+
+
+@pytest.mark.parametrize("drop", ["train", "test", "both"])
+def test_drop_templates_on_generated_splits(drop: str) -> None:
+    task = Countdown(
+        train_size=30, generate_count=60, samples_per_generation=2, eval_samples=None,
+        drop_templates=drop,
+    )  # fmt: skip
+    plain = Countdown(train_size=30, generate_count=60, samples_per_generation=2, eval_samples=None)
+    assert len(task.train) == 30 and len(task.eval) == 30  # dropped puzzles are replaced
+    train, test = puzzles(task.train), puzzles(task.eval)
+    if drop in ("train", "both"):
+        assert not any(template_solvable({"numbers": n, "target": t}) for n, t in train)
+    else:
+        assert train == puzzles(plain.train)  # a split that drops nothing is unchanged
+    if drop in ("test", "both"):
+        assert not any(template_solvable({"numbers": n, "target": t}) for n, t in test)
+    else:
+        assert test == puzzles(plain.eval)
+
+
+def write_file(path: Path, records: list[tuple[list[int], str]]) -> Path:
+    path.write_text("".join(json.dumps({"numbers": n, "target": t}) + "\n" for n, t in records))
+    return path
+
+
+def test_drop_templates_filters_a_data_file(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    data = write_file(tmp_path / "cd.jsonl", [SUM, ADDSUB, MULDIV, SUM, MINUS_PLUS, MULDIV, SUM4])
+    with caplog.at_level(logging.WARNING):
+        task = Countdown(data_file=str(data), train_size=3, samples_per_generation=1,
+                         eval_samples=None, drop_templates="test")  # fmt: skip
+    assert puzzles(task.eval) == [MULDIV]  # SUM, MINUS_PLUS, SUM4 dropped
+    assert len(task.train) == 3  # the training split is kept whole
+    assert f"dropped 3 of the 4 test puzzles of {data}" in caplog.text
+    both = Countdown(data_file=str(data), train_size=3, samples_per_generation=1,
+                     drop_templates="both")  # fmt: skip
+    assert puzzles(both.train) == [ADDSUB, MULDIV]
+    with pytest.raises(ConfigError) as e:
+        Countdown(data_file=str(data), train_size=6, samples_per_generation=1,
+                  drop_templates="test")  # fmt: skip
+    assert e.value.key == "drop_templates"  # SUM4, the only test puzzle, is a template
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad_key"),
+    [
+        ({"generator": "trees"}, "generator"),
+        ({"drop_templates": "eval"}, "drop_templates"),
+        ({"generator": "uniform", "target_min": 50, "target_max": 10}, "target_min"),
+        ({"generator": "uniform", "target_min": 10**9, "target_max": 10**9}, "target_min"),
+        ({"stop": "</answer>"}, "stop"),  # a string, not a list of them
+        ({"stop": ["</answer>"] * 9}, "stop"),
+        ({"samples_per_generation": 0}, "samples_per_generation"),
+    ],
+)
+def test_bad_values_name_the_key(kwargs: dict, bad_key: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        Countdown(**{"train_size": 5, "generate_count": 12, "samples_per_generation": 2, **kwargs})
+    assert e.value.key == bad_key
+
+
+def test_stop_strings_reach_the_sampling_of_both_paper_tasks() -> None:
+    task = Countdown(train_size=5, generate_count=12, samples_per_generation=2, stop=["</answer>"])
+    assert task.sampling.stop == ("</answer>",)
+    assert Conciseness(stop=["\n"]).sampling.stop == ("\n",) and Conciseness().sampling.stop == ()
+    with pytest.raises(ConfigError) as e:
+        Conciseness(stop="\n")
+    assert e.value.key == "stop"
+
+
+@pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
+def test_the_best_template_on_the_papers_test_split() -> None:
+    """975 3-number puzzles x 20.1% (a - b + c) and 1,025 4-number x 4.5% (a + b + c - d)."""
+    records = json.loads(PAPER_FILE.read_text())[200:]
+    infos = [
+        PuzzleInfo(len(r["numbers"]), solving_patterns(r["numbers"], r["target"]), None)
+        for r in records
+    ]
+    rates = puzzle_rates(infos)
+    assert rates["shortcut_accuracy"] == (196 + 46) / 2000  # 12.1%
+    threes = [i for i in infos if i.size == 3]
+    assert sum("-+" in i.patterns for i in threes) == 196 and len(threes) == 975
+    assert sum("++-" in i.patterns for i in infos if i.size == 4) == 46
+    assert rates["template_solvable_share"] == pytest.approx(0.3915)
