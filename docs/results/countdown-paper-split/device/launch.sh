@@ -1,0 +1,24 @@
+#!/bin/bash
+# One run in the background on one GPU of an offline device machine (how session 1 ran).
+#   bash launch.sh SECONDS GPU NAME q05|q15 "overrides"
+# Expects /root/p/<model>.part-* (the model's GGUF in pieces, as carried), /root/countdown.json,
+# and the wheelhouse installed. The run stops itself after SECONDS with SIGTERM (evolm
+# checkpoints its last generation and exits 143); `resume=/root/runs/NAME` continues it.
+set -u
+export EVOLM_CACHE_DIR=/root/evcache EVOLM_COUNTDOWN_JSON=/root/countdown.json PYTHONUNBUFFERED=1
+T=$1; gpu=$2; name=$3; m=$4; over=$5
+[ -f /root/$m.gguf ] || cat /root/p/$m.part-* > /root/$m.gguf
+if [ ! -d /root/evolm-run ]; then  # a frozen copy: later calls may change the sent tree
+  mkdir -p /root/evolm-run && tar --exclude=./.carry --exclude=./.git -cf - . | tar -xf - -C /root/evolm-run
+fi
+cd /root/evolm-run
+if [ "$m" = q05 ]; then model=qwen2.5-coder-0.5b-instruct; else model=qwen2.5-coder-1.5b-instruct; fi
+if [ ! -f /root/$m.converted ]; then  # convert once, before runs start side by side
+  python3 -c "from evolm.model import GGUFModel; print(GGUFModel(name='$model', gguf_file='/root/$m.gguf').resolve())" 2>&1 | tail -1
+  touch /root/$m.converted
+fi
+mkdir -p /root/runs
+CUDA_VISIBLE_DEVICES=$gpu setsid nohup timeout -s TERM "$T" python3 -m evolm \
+  experiment=qwen05_paper_countdown model=$model model.gguf_file=/root/$m.gguf logger=none \
+  hydra.run.dir=/root/runs/$name $over > /root/runs/$name.log 2>&1 < /dev/null &
+echo "launched $name on GPU $gpu ($model): $over"
