@@ -94,10 +94,13 @@ def population(layout: LoraLayout, members: int) -> LoraPopulation:
 
 
 def stops_in(texts: list[list[str]]) -> tuple[str, ...]:
-    """Stop strings that occur in some of ``texts`` (words from their middles), and one that
-    occurs in none."""
-    words = [t.split()[len(t.split()) // 2] for member in texts for t in member if t.split()]
-    return (*sorted(set(words))[:3], "NEVER-GENERATED")
+    """A stop string that some of ``texts`` hold and some do not (so rows of both kinds run
+    side by side), and one that none holds."""
+    flat = [t for member in texts for t in member]
+    words = sorted({w for t in flat for w in t.split()})
+    mixed = [w for w in words if 0 < sum(w in t for t in flat) < len(flat)]
+    assert mixed, f"no word in some completions but not all: {flat}"
+    return (mixed[0], "NEVER-GENERATED")
 
 
 @pytest.mark.parametrize("path", ["fast", "capped", "hf"])
