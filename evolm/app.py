@@ -460,6 +460,7 @@ def train(cfg: DictConfig) -> float | list[float]:
             base_model=model_path,
             config=config,
             history=checkpoint.records if checkpoint else [],
+            resumed=resuming,
             stateful=stateful,
         )
         if isinstance(strategy, FullES):

@@ -27,8 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from evolm import dist
 from evolm.errors import ConfigError
+from evolm.files import RUN_DIR_LOCK
 
-LOCK = ".lock"
+LOCK = RUN_DIR_LOCK
 RUN_FILES = ("config.yaml", "results.jsonl", "checkpoints", "adapter")
 """What a directory holds once a run has started in it (any one of them)."""
 
@@ -99,18 +100,23 @@ def refuse_other_run(directory: Path, key: str) -> None:
         )
 
 
-def lock(directory: Path, key: str) -> FileLock:
+LOCK_WAIT_S = 0.5
+"""How long a run waits for its directory's lock: a process probing whether the run that held
+it is gone (:func:`evolm.files.lock_held`, the MLflow logger) holds it for an instant."""
+
+
+def lock(directory: Path, key: str, what: str = "run directory") -> FileLock:
     """An exclusive lock on ``directory`` (held until released or the process ends), or a
     ConfigError naming the directory when another process holds it."""
     held = FileLock(str(directory / LOCK))
     try:
-        held.acquire(blocking=False)
+        held.acquire(timeout=LOCK_WAIT_S, poll_interval=0.05)
     except Timeout:
         raise ConfigError(
             key,
             f"{directory} is in use by another evolm process (it holds {directory / LOCK})",
-            "wait for that run to end or stop it, then run this again; two processes in one "
-            "run directory would interleave its results and checkpoints",
+            f"wait for it to end or stop it, then run this again; two processes in one {what} "
+            "would interleave what they write there",
         ) from None
     return held
 

@@ -35,7 +35,8 @@ class RunContext:
     from its checkpoint; empty for a fresh run). ``stateful`` names the task and callbacks whose
     ``state_dict()`` a checkpoint carries (``"task"``, ``"callbacks.<name>"``, ``"logger.<name>"``).
     ``tags`` are run-level labels that callbacks set (the health monitor's ``evolm.health``) for
-    trackers to record.
+    trackers to record. ``resumed``: this process continues the run (``resume=<run dir>``) and
+    holds its run directory's lock, so no other process runs in it.
     """
 
     output_dir: Path
@@ -46,6 +47,7 @@ class RunContext:
     history: list[Record] = field(default_factory=list)
     stateful: dict[str, Stateful] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)  # set by callbacks; trackers copy them
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
