@@ -276,10 +276,10 @@ class MLflowLogger(Callback):
             client.set_terminated(run.info.run_id, "KILLED")
             ended += 1
             log.warning(
-                "MLflow: run %s was RUNNING, but its process is gone (nothing holds %s): "
-                "ended it as KILLED",
+                "MLflow: run %s (run directory %s) was RUNNING, but the process that ran it is "
+                "gone: ended it as KILLED",
                 run.info.run_id,
-                Path(where) / RUN_DIR_LOCK,
+                where,
             )
         return ended
 
