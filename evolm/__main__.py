@@ -26,6 +26,7 @@ import evolm.config  # noqa: F401  (registers the structured-config schemas)
 from evolm import (
     dist,
     interrupt,
+    rundir,
     sweep,  # noqa: F401  (registers its ${evolm_sweep_seed:...} resolver)
 )
 from evolm.compose_check import check_command_line
@@ -51,10 +52,13 @@ def job(cfg: DictConfig) -> float | list[float]:
     what = "run directory (resumed):" if cfg.resume is not None else "run directory:"
     log.info("%s %s", what, cfg.output_dir)  # first: a run logging to a file says where it is
     joined = finished = False
+    held = None
     if dist.current().world_size == 1 and dist.launch_env().world_size > 1:
         dist.setup()  # a task of a multi-task SLURM job started by submitit (hydra/launcher=slurm)
         joined = True
     try:
+        if in_multirun() and dist.current().is_main:  # a sweep's trial: its folder, locked
+            held = rundir.lock_trial(Path(cfg.output_dir))
         value = train(cfg)
         finished = True
         return value
@@ -74,6 +78,8 @@ def job(cfg: DictConfig) -> float | list[float]:
             raise  # a sweep ends on Ctrl-C / SIGTERM
         stopped(cfg, stop)
     finally:
+        if held is not None:
+            held.release()
         if joined:
             dist.teardown(finished)
 

@@ -205,7 +205,7 @@ def resumed_config(
             "point resume at a run directory, e.g. resume=outputs/runs/2026-11-21/07-15-13",
         )
     task_overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    keep = ("resume", trust.KEY)
+    keep = ("resume", trust.KEY, "resume_on_new_data")
     others = [o for o in task_overrides if o.lstrip("+~").split("=", 1)[0] not in keep]
     if others:
         raise ConfigError(
@@ -323,6 +323,17 @@ def build_task(build: Builder, group: str, node: Any) -> Task:
     return task
 
 
+def data_files(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The data file keys set for each part that reads data (``task``, ``extra_evals.<name>``),
+    as ``{"task": {"task.data_file": "x.json"}}``: what a data error names."""
+    nodes = {"task": config["task"]}
+    nodes |= {f"extra_evals.{k}": v for k, v in (config.get("extra_evals") or {}).items()}
+    return {
+        part: {f"{part}.{k}": v for k, v in node.items() if k.endswith("_file") and v is not None}
+        for part, node in nodes.items()
+    }
+
+
 def restore(
     run_dir: Path,
     stateful: dict[str, Stateful],
@@ -409,6 +420,7 @@ def train(cfg: DictConfig) -> float | list[float]:
     list of names)."""
     comm = dist.current()  # joined by evolm.__main__ under torchrun/SLURM; else one process
     resuming = cfg.resume is not None
+    accept_new_data = bool(cfg.resume_on_new_data)  # the command line's, not config.yaml's
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
     trusted = trust.job_trusted(cfg, overrides)
     if resuming:
@@ -424,15 +436,23 @@ def train(cfg: DictConfig) -> float | list[float]:
     output_dir = Path(cfg.output_dir)
     config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     run_wide = {"generations": cfg.generations, "eval_every": cfg.eval_every}
-    agreement.check_ranks_agree(comm, run_identity(config) | run_wide, parts.task, cfg.generations)
+    data = agreement.data_fingerprints(parts.task, cfg.generations, parts.extra_evals)
+    agreed = run_identity(config) | run_identity(config, ("extra_evals",)) | run_wide
+    agreement.check_ranks_agree(comm, agreed, data)
     checkpoint = restore(output_dir, stateful, run_identity(config), comm) if resuming else None
+    changes = (
+        agreement.check_resumed_data(checkpoint, data, data_files(config), accept_new_data)
+        if checkpoint is not None
+        else []
+    )
 
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
     for name, extra in parts.extra_evals.items():
         preflight(extra, f"extra_evals.{name}")
     model_path = resolve_model(parts.model_spec)
     layout = load_layout(model_path, lora_spec)
-    limits.check_prompts_fit(model_path, parts.task, cfg.generations)  # the model's context
+    # the model's context: the task's prompts and every extra eval's
+    limits.check_prompts_fit(model_path, parts.task, cfg.generations, parts.extra_evals)
     limits.check_population_memory(layout.numel(), strategy.population_size)
     full = strategy.mean == "full"
     if full:
@@ -460,7 +480,11 @@ def train(cfg: DictConfig) -> float | list[float]:
             base_model=model_path,
             config=config,
             history=checkpoint.records if checkpoint else [],
+            resumed=resuming,
             stateful=stateful,
+            tags=agreement.changes_tag(changes),
+            data=data,
+            data_changes=changes,
         )
         if isinstance(strategy, FullES):
             dtype = getattr(engine, "dtype", None)  # the local engine's: members cast once to it

@@ -4,17 +4,22 @@
 
     {"format": 1, "generation": 12, "es": ESState.state_dict(), "records": [...],
      "state": {"task": {...}, "logger.mlflow": {"run_id": ...}, ...},
-     "run": {"seed": 0, "es.population_size": 30, "lora.rank": 8, ...}}
+     "run": {"seed": 0, "es.population_size": 30, "lora.rank": 8, ...},
+     "data": {"task": "<sha256>", "extra_evals.<name>": "<sha256>"},
+     "data_changes": [{"generation": 12, "part": "task", "was": "...", "now": "..."}]}
 
 ``records`` are the run's records so far (what ``results.jsonl`` holds); ``state`` holds the
 ``state_dict()`` of every task and callback that has one (:class:`~evolm.callbacks.Stateful`), under
 its name. ``run`` is the config the run's course depends on (:func:`run_identity`): a resumed
 run whose config differs from it is refused (:func:`check_identity`), never continued as a mix
-of two runs. No RNG state is needed: a generation's population is a pure function of (run seed,
-generation) (:meth:`evolm.es.ES.ask`), the training prompts of ``task.train_examples(g)`` and the
-sampling seed ``seed + g`` depend only on the generation, and the engines draw from explicit
-generators seeded per call. What a task adapts between generations (the scorer's lambda) is
-task state, checkpointed here.
+of two runs. ``data`` fingerprints the prompts and references the run reads, by part (the
+task, each extra eval; :func:`evolm.agreement.data_fingerprint`): a resume whose data differs
+(a data file edited or replaced since) is refused unless asked for (``resume_on_new_data``),
+and then ``data_changes`` records each such change. No RNG state is needed: a generation's
+population is a pure function of (run seed, generation) (:meth:`evolm.es.ES.ask`), the training
+prompts of ``task.train_examples(g)`` and the sampling seed ``seed + g`` depend only on the
+generation, and the engines draw from explicit generators seeded per call. What a task adapts
+between generations (the scorer's lambda) is task state, checkpointed here.
 
 Writes are atomic and durable (temp file, fsync, ``os.replace``, fsync of the folder). Beside
 each checkpoint, ``gen-000012.pt.sha256`` holds its SHA-256, written last: a checkpoint without
@@ -29,7 +34,7 @@ import io
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +69,8 @@ class Checkpoint:
     records: list[dict[str, Any]]
     state: dict[str, dict[str, Any]]
     run: dict[str, Any] = field(default_factory=dict)  # run_identity(); empty in old files
+    data: dict[str, str] = field(default_factory=dict)  # data fingerprints; empty in old files
+    data_changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def checkpoint_path(directory: Path, generation: int) -> Path:
@@ -93,22 +100,29 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved config's :data:`IDENTITY` values, flattened (``es.population_size``),
-    without :data:`NOT_IDENTITY`."""
+def run_identity(config: Mapping[str, Any], keys: Sequence[str] = IDENTITY) -> dict[str, Any]:
+    """The resolved config's values under ``keys`` (:data:`IDENTITY`), flattened
+    (``es.population_size``), without :data:`NOT_IDENTITY` (an extra eval's task keys count as
+    ``task``'s: ``extra_evals.<name>.url`` is left out as ``task.url`` is)."""
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, Mapping):
             for k, v in value.items():
                 walk(f"{prefix}.{k}", v)
-        elif prefix not in NOT_IDENTITY:
+        elif _as_task_key(prefix) not in NOT_IDENTITY:
             flat[prefix] = list(value) if isinstance(value, list | tuple) else value
 
-    for key in IDENTITY:
+    for key in keys:
         if key in config:
             walk(key, config[key])
     return flat
+
+
+def _as_task_key(key: str) -> str:
+    """``extra_evals.<name>.url`` -> ``task.url``; any other key unchanged."""
+    parts = key.split(".", 2)
+    return f"task.{parts[2]}" if parts[0] == "extra_evals" and len(parts) == 3 else key
 
 
 def check_identity(checkpoint: Checkpoint, identity: Mapping[str, Any]) -> None:
@@ -136,15 +150,25 @@ def check_identity(checkpoint: Checkpoint, identity: Mapping[str, Any]) -> None:
     )
 
 
+def data_changes(checkpoint: Checkpoint, data: Mapping[str, str]) -> list[str]:
+    """The parts (``task``, ``extra_evals.<name>``) whose data fingerprint in ``data`` differs
+    from the one ``checkpoint`` recorded (parts it did not record are not compared: a checkpoint
+    from before fingerprints, or an extra eval added since)."""
+    return [k for k, v in data.items() if checkpoint.data.get(k, v) != v]
+
+
 def save_checkpoint(
     directory: Path,
     state: ESState,
     records: list[dict[str, Any]],
     extra: dict[str, dict[str, Any]],
     run: Mapping[str, Any] | None = None,
+    data: Mapping[str, str] | None = None,
+    changes: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write the checkpoint of ``state.generation`` and its digest; returns its path. ``run``
-    is the run's :func:`run_identity`."""
+    is the run's :func:`run_identity`, ``data`` its data fingerprints by part and ``changes``
+    the data changes a resume accepted."""
     payload = {
         "format": FORMAT,
         "generation": state.generation,
@@ -152,6 +176,8 @@ def save_checkpoint(
         "records": records,
         "state": extra,
         "run": dict(run or {}),
+        "data": dict(data or {}),
+        "data_changes": list(changes or []),
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -182,7 +208,11 @@ def load_checkpoint(path: Path) -> Checkpoint:
         if d["format"] != FORMAT:
             raise CheckpointError(f"format {d['format']}, this evolm reads {FORMAT}")
         run = dict(d.get("run") or {})
-        return Checkpoint(path, int(d["generation"]), d["es"], list(d["records"]), d["state"], run)
+        data, changes = dict(d.get("data") or {}), list(d.get("data_changes") or [])
+        generation = int(d["generation"])
+        return Checkpoint(
+            path, generation, d["es"], list(d["records"]), d["state"], run, data, changes
+        )
     except CheckpointError:
         raise
     except Exception as e:

@@ -136,6 +136,7 @@ class Config:
     tags: list[str] = field(default_factory=list)
     trusted_targets: list[str] = field(default_factory=lambda: ["evolm.*"])
     resume: str | None = None
+    resume_on_new_data: bool = False
     extra_evals: dict[str, Any] = field(default_factory=dict)
 
 

@@ -2,7 +2,7 @@
 
 :func:`file_lock` serialises work across processes (the first open of a fresh sqlite store) with
 a lock file beside what it guards (``filelock``: the lock is the OS's, released when its holder
-exits, even killed).
+exits, even killed); :func:`lock_held` tells whether a lock file's holder is still alive.
 
 :func:`temp_dir_beside` and :func:`publish_dir` write a whole directory (a cached model, the run's
 adapter, an exported model) atomically: built in a hidden temp dir beside the target, then
@@ -14,6 +14,8 @@ writes its weights ``0600``, which other users of a shared cache or results fold
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 import stat
@@ -24,12 +26,36 @@ from pathlib import Path
 
 from filelock import FileLock
 
+RUN_DIR_LOCK = ".lock"
+"""The lock file a run holds in its run directory for as long as it runs (:mod:`evolm.rundir`)."""
+
 
 def file_lock(path: Path) -> FileLock:
     """An exclusive inter-process lock on ``path`` (created with its folder on first use); use it
     as a context manager. Re-entrant within one process."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(path)
+
+
+def lock_held(path: Path) -> bool | None:
+    """Whether some process holds the ``flock`` on the lock file ``path`` (a
+    :func:`file_lock`, a run directory's ``.lock``): True held, False free (its holder ended,
+    SIGKILL included: the kernel dropped the lock), None when it cannot be told (no such file,
+    unreadable, or a filesystem without ``flock``). The probe takes a shared lock for an instant
+    and creates nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return True if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def current_umask() -> int:

@@ -5,13 +5,14 @@
   is built, must fit in the memory available now (the GPU's when there is one).
 * Every prompt plus ``task.max_new_tokens`` must fit the model's context
   (``max_position_embeddings``): past it the position embeddings are extrapolated and the
-  completions are garbage, silently.
+  completions are garbage, silently. So must every extra eval's prompts plus its own
+  ``extra_evals.<name>.max_new_tokens``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,39 +78,51 @@ def prompt_tokens(tokenizer: Any, examples: Sequence[Example]) -> list[tuple[int
 
 
 def check_context(
-    lengths: Sequence[tuple[int, Example]], max_new_tokens: int, positions: int, model: str
+    lengths: Sequence[tuple[int, Example]],
+    max_new_tokens: int,
+    positions: int,
+    model: str,
+    group: str = "task",
 ) -> None:
     """Refuse a prompt the model's ``positions`` (``max_position_embeddings``) cannot hold, or
-    a ``max_new_tokens`` that the longest prompt leaves no room for."""
+    a ``max_new_tokens`` that the longest prompt leaves no room for (``group``: the task's
+    config node, ``task`` or ``extra_evals.<name>``)."""
     if not lengths:
         return
     longest, example = max(lengths, key=lambda pair: pair[0])
     where = example.source or f"the prompt {str(example.prompt)[:60]!r}..."
     if longest >= positions:
         raise ConfigError(
-            "task",
+            group,
             f"{where} is {longest} tokens long, at least the {positions} positions of the "
             f"model {model} (max_position_embeddings): nothing could be generated after it",
             "shorten or drop that record, or use a model with a longer context",
         )
     if longest + max_new_tokens > positions:
         raise ConfigError(
-            "task.max_new_tokens",
+            f"{group}.max_new_tokens",
             f"{max_new_tokens} new tokens after the longest prompt ({longest} tokens: {where}) "
             f"need {longest + max_new_tokens} positions, more than the {positions} of the model "
             f"{model} (max_position_embeddings)",
-            f"set task.max_new_tokens={positions - longest} or less, or shorten that prompt",
+            f"set {group}.max_new_tokens={positions - longest} or less, or shorten that prompt",
         )
 
 
-def check_prompts_fit(model_path: str, task: Task, generations: int) -> None:
-    """:func:`check_context` for the prompts a run of ``generations`` uses, counted with the
-    model's tokenizer, against its ``max_position_embeddings`` (a model without one: no check)."""
+def check_prompts_fit(
+    model_path: str, task: Task, generations: int, extra_evals: Mapping[str, Task] | None = None
+) -> None:
+    """:func:`check_context` for the prompts a run of ``generations`` uses, and for the eval
+    prompts of each of ``extra_evals`` with its own token budget, counted with the model's
+    tokenizer, against its ``max_position_embeddings`` (a model without one: no check)."""
     from transformers import AutoConfig, AutoTokenizer
 
     positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
     if not positions:
         return
-    examples = [e for _, batch in run_examples(task, generations) for e in batch]
-    lengths = prompt_tokens(AutoTokenizer.from_pretrained(model_path), examples)
-    check_context(lengths, task.sampling.max_new_tokens, int(positions), model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    checked = [("task", task, generations)]
+    checked += [(f"extra_evals.{name}", t, 0) for name, t in (extra_evals or {}).items()]
+    for group, each, gens in checked:  # an extra eval reads its eval split only
+        examples = [e for _, batch in run_examples(each, gens) for e in batch]
+        lengths = prompt_tokens(tokenizer, examples)
+        check_context(lengths, each.sampling.max_new_tokens, int(positions), model_path, group)

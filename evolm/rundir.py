@@ -11,6 +11,10 @@ a time.
   and takes an exclusive lock on ``<run dir>/.lock`` for the whole run, so a second process on
   the same directory (two ``resume=`` of one run) is refused. The lock is an ``flock``
   (:mod:`filelock`): the kernel drops it when the process ends, SIGKILL included.
+* A sweep (``-m``) locks its ``hydra.sweep.dir`` the same way for the whole sweep, and refuses
+  one whose trial folders hold the runs of an earlier sweep (its trials ``0/``, ``1/``... would
+  overwrite them); each trial locks its own folder (:func:`lock_trial`), so two sweeps never
+  interleave their trials in one directory.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from evolm import dist
 from evolm.errors import ConfigError
+from evolm.files import RUN_DIR_LOCK
 
-LOCK = ".lock"
+LOCK = RUN_DIR_LOCK
 RUN_FILES = ("config.yaml", "results.jsonl", "checkpoints", "adapter")
 """What a directory holds once a run has started in it (any one of them)."""
 
@@ -99,18 +104,23 @@ def refuse_other_run(directory: Path, key: str) -> None:
         )
 
 
-def lock(directory: Path, key: str) -> FileLock:
+LOCK_WAIT_S = 0.5
+"""How long a run waits for its directory's lock: a process probing whether the run that held
+it is gone (:func:`evolm.files.lock_held`, the MLflow logger) holds it for an instant."""
+
+
+def lock(directory: Path, key: str, what: str = "run directory") -> FileLock:
     """An exclusive lock on ``directory`` (held until released or the process ends), or a
     ConfigError naming the directory when another process holds it."""
     held = FileLock(str(directory / LOCK))
     try:
-        held.acquire(blocking=False)
+        held.acquire(timeout=LOCK_WAIT_S, poll_interval=0.05)
     except Timeout:
         raise ConfigError(
             key,
             f"{directory} is in use by another evolm process (it holds {directory / LOCK})",
-            "wait for that run to end or stop it, then run this again; two processes in one "
-            "run directory would interleave its results and checkpoints",
+            f"wait for it to end or stop it, then run this again; two processes in one {what} "
+            "would interleave what they write there",
         ) from None
     return held
 
@@ -146,9 +156,41 @@ def check(config: DictConfig) -> FileLock | None:
     return lock(run_dir, key)
 
 
+def check_sweep(config: DictConfig) -> FileLock:
+    """Lock the sweep's directory (``hydra.sweep.dir``), refusing one that another sweep uses or
+    whose trial folders hold runs (a new sweep's trials, numbered from 0 again, would overwrite
+    them); the lock taken, to hold for the sweep."""
+    sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    held = lock(sweep_dir, "hydra.sweep.dir", "sweep directory")
+    trials = sorted(
+        (p.name for p in sweep_dir.iterdir() if p.is_dir() and run_files(p)),
+        key=lambda n: (len(n), n),
+    )
+    if trials:
+        held.release()
+        shown = ", ".join(f"{t}/" for t in trials[:5]) + (", ..." if len(trials) > 5 else "")
+        raise ConfigError(
+            "hydra.sweep.dir",
+            f"{sweep_dir} holds the trials of an earlier sweep ({shown}); this sweep's trials, "
+            "numbered from 0, would overwrite them",
+            "give this sweep another hydra.sweep.dir, or leave it out (each sweep then gets its "
+            "own); the study goes on in hydra.sweeper.storage either way",
+        )
+    return held
+
+
+def lock_trial(trial_dir: Path) -> FileLock:
+    """A sweep trial's folder locked for the trial (a ConfigError, which fails only this trial,
+    when another process uses it or it holds a run)."""
+    refuse_other_run(trial_dir, "hydra.sweep.dir")
+    return lock(trial_dir, "hydra.sweep.dir", "sweep trial folder")
+
+
 class RunDirGuard(Callback):
     """Hydra callback (``hydra.callbacks.run_dir``): :func:`check` before Hydra writes into the
-    run directory, the lock held until the run ends. Rank 0 checks and tells every rank, so all
+    run directory, the lock held until the run ends (a sweep: :func:`check_sweep`, held until
+    the sweep ends). Rank 0 checks and tells every rank, so all
     refuse together: each with exit 2 and one message on stderr (Hydra has not set up logging
     yet)."""
 
@@ -173,6 +215,17 @@ class RunDirGuard(Callback):
             raise SystemExit(2)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.release()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """The sweep's directory (:func:`check_sweep`), before the sweeper starts its study."""
+        try:
+            self.held = check_sweep(config)
+        except (ConfigError, OSError) as e:
+            sys.stderr.write(f"bad configuration: {e}\n")
+            raise SystemExit(2) from None
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self.release()
 
     def release(self) -> None:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from evolm.agreement import data_fingerprint
 from evolm.server.connection import free_port
 from evolm.task.conciseness import Conciseness
@@ -117,3 +119,42 @@ def test_data_fingerprint_sees_one_changed_answer(tmp_path: Path) -> None:
     )
     assert data_fingerprint(one, 3) == data_fingerprint(same, 3)
     assert data_fingerprint(one, 3) != data_fingerprint(changed, 3)
+
+
+class TwoRanks:
+    """Rank 0 of two, whose rank 1 sends ``other`` (what ``comm.gather`` gives rank 0)."""
+
+    world_size = 2
+
+    def __init__(self, other: object) -> None:
+        self.other = other
+
+    def gather(self, mine: object) -> list[object]:
+        return [mine, self.other]
+
+
+def test_ranks_whose_extra_eval_differs_stop_naming_it(tmp_path: Path) -> None:
+    """Issue 40 item 4: an extra eval's config and data are compared across ranks as the task's
+    are (before: a rank could score another extra eval, unnoticed)."""
+    from evolm.agreement import check_ranks_agree, data_fingerprints
+    from evolm.checkpoint import run_identity
+    from evolm.errors import ConfigError
+
+    task = Conciseness()
+    extra = {"other": Conciseness(eval_file=str(write_data(tmp_path / "a.jsonl", ["red"])))}
+    changed = {"other": Conciseness(eval_file=str(write_data(tmp_path / "b.jsonl", ["blue"])))}
+    config = {"seed": 0, "extra_evals": {"other": {"max_new_tokens": 8, "url": "x"}}}
+    agreed = run_identity(config) | run_identity(config, ("extra_evals",))
+    data = data_fingerprints(task, 3, extra)
+    assert set(data) == {"task", "extra_evals.other"}
+    check_ranks_agree(TwoRanks((agreed, data)), agreed, data)  # type: ignore[arg-type]
+    other_data = data_fingerprints(task, 3, changed)
+    with pytest.raises(ConfigError) as raised:
+        check_ranks_agree(TwoRanks((agreed, other_data)), agreed, data)  # type: ignore[arg-type]
+    assert raised.value.key == "extra_evals.other"
+    assert "ranks [1] read other prompts" in raised.value.problem
+    other_config = {**agreed, "extra_evals.other.max_new_tokens": 16}
+    with pytest.raises(ConfigError) as raised:
+        check_ranks_agree(TwoRanks((other_config, data)), agreed, data)  # type: ignore[arg-type]
+    assert raised.value.key == "extra_evals.other.max_new_tokens"
+    assert "extra_evals.other.url" not in agreed  # where a service is, as task.url

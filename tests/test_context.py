@@ -73,3 +73,30 @@ def test_countdown_names_the_puzzle_and_fits_the_countdown_model(
         check_prompts_fit(tiny_model_dir, task, generations=40)
     assert compose_config(["task=countdown"]).model.max_position_embeddings == 2048
     check_prompts_fit(countdown_model_dir, task, generations=40)
+
+
+def test_an_extra_eval_past_the_context_is_refused_before_the_model_loads(
+    tiny_model_dir: str, tmp_path: Path
+) -> None:
+    """Issue 40 item 4: an extra eval's prompts and its own ``max_new_tokens`` are checked as
+    the task's are (before: found only when the extra eval ran)."""
+    from evolm.app import train
+    from evolm.engine.local import LocalEngine
+
+    cfg = compose_config(
+        [
+            *("debug=fast", "logger=none", "+task@extra_evals.long=conciseness"),
+            "extra_evals.long.max_new_tokens=2048",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    loads = LocalEngine.loads
+    with pytest.raises(ConfigError) as raised:
+        train(cfg)
+    assert str(raised.value) == (
+        "extra_evals.long.max_new_tokens: 2048 new tokens after the longest prompt (33 tokens: "
+        f"{BUNDLED_EVAL}:8) need 2081 positions, more than the 1024 of the model "
+        f"{tiny_model_dir} (max_position_embeddings). Fix: set "
+        "extra_evals.long.max_new_tokens=991 or less, or shorten that prompt"
+    )
+    assert LocalEngine.loads == loads

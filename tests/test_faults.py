@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from optuna.trial import TrialState
 from safetensors.torch import load_file, save_file
 
 from evolm import export
+from evolm import metrics as M
 from evolm.checkpoint import latest_checkpoint, save_checkpoint
 from evolm.es import ESState
 from evolm.lora import LoraLayout, LoraSpec, load_adapter
@@ -240,8 +242,9 @@ KILL_ARGS = [
 ]
 ADAPTER = Path("adapter") / "adapter_model.safetensors"
 # (point, n): SIGKILL the n-th time the run gets there (tests/fault_inject.py), mid-operation.
-CORE_POINTS = [("checkpoint-data", 2), ("adapter-weights", 1)]
+CORE_POINTS = [("adapter-weights", 1)]  # and ("checkpoint-data", 1): the random-kills test
 SLOW_POINTS = [
+    ("checkpoint-data", 2),
     ("generate", 5),
     ("generate", 1),  # before the first checkpoint: the resume starts again at generation 0
     ("checkpoint-digest", 3),  # the last checkpoint's .pt written, its digest not
@@ -293,6 +296,11 @@ def kill_then_resume(uninterrupted: Path, run_dir: Path, point: str, n: int) -> 
     [run] = runs
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/fitness_mean")]
     assert sorted(steps) == list(range(1, 7))
+    left = client.search_runs(
+        [run.info.experiment_id],
+        filter_string=f"params.output_dir = '{run_dir}' and attributes.status = 'RUNNING'",
+    )
+    assert not left, "a killed process's MLflow run is still RUNNING"
 
 
 @pytest.mark.parametrize(("point", "n"), CORE_POINTS)
@@ -308,6 +316,71 @@ def test_sigkill_anywhere_then_resume_is_byte_identical(
     uninterrupted: Path, tmp_path: Path, point: str, n: int
 ) -> None:
     kill_then_resume(uninterrupted, tmp_path / "run", point, n)
+
+
+KILLS_AT_RANDOM = 1  # after the first kill, at a fault point: each kill costs a process start
+
+
+def kill_after_mlflow_start(run_dir: Path, delay_s: float) -> None:
+    """``resume=run_dir``, SIGKILLed ``delay_s`` after it has opened its MLflow run."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evolm", f"resume={run_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "MLflow: " in line and " run " in line:
+                break
+        time.sleep(delay_s)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_sigkill_at_random_moments_leaves_no_mlflow_run_running(
+    uninterrupted: Path, tmp_path: Path
+) -> None:
+    """Issue 40, item 1: a run checkpointing every generation, SIGKILLed in the write of its
+    first checkpoint (its MLflow run open, no checkpoint to name it), then its resumes killed
+    at seeded random moments, then resumed to the end: ONE MLflow run holds it, FINISHED,
+    every generation once, and none is left RUNNING (before: the first process's run stayed
+    RUNNING for ever, and the resume opened a second one). The final adapter and records are
+    the uninterrupted run's."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    args = [*KILL_ARGS, "callbacks.checkpoint.every=1", f"hydra.run.dir={run_dir}"]
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.fault_inject", "checkpoint-data", "1", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert latest_checkpoint(run_dir / "checkpoints") is None
+    rng = random.Random(40)
+    for _ in range(KILLS_AT_RANDOM):
+        kill_after_mlflow_start(run_dir, rng.uniform(0.0, 1.0))
+    resumed = run_cli([f"resume={run_dir}"], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (run_dir / ADAPTER).read_bytes() == (uninterrupted / ADAPTER).read_bytes()
+    assert without_times(run_dir) == without_times(uninterrupted)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs(
+        [client.get_experiment_by_name("evolm").experiment_id],  # type: ignore[union-attr]
+        filter_string=f"params.output_dir = '{run_dir}'",
+    )
+    assert [r.info.status for r in runs] == ["FINISHED"], [r.info for r in runs]
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, M.FITNESS_MEAN)]
+    assert sorted(steps) == list(range(1, 7))
 
 
 # -- damaged checkpoints and adapters ------------------------------------------------------------

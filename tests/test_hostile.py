@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from evolm import checkpoint as ck
 from evolm.app import Builder, load_run_config, train
+from evolm.callbacks import RunContext
 from evolm.callbacks.checkpoint import Checkpointer
 from evolm.config import run_dir
 from evolm.errors import ConfigError, RunAborted
@@ -278,7 +279,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_last_good_one(
 
     monkeypatch.setattr(ck.os, "fsync", full)
     checkpointer = Checkpointer(every=1)
-    ctx = SimpleNamespace(output_dir=tmp_path, generations=5, stateful={}, history=[], config={})
+    ctx = RunContext(tmp_path, 5, LoraLayout((), 1, 1.0, 1), "base")
     with pytest.raises(RunAborted, match=r"No space left.*partial file was removed.*gen-000001"):
         checkpointer.on_generation_end(
             ctx, generation_record(2), ESState(mean=[torch.ones(2)], seed=0, generation=2)

@@ -207,3 +207,44 @@ def test_child_run_and_resumed_run(store: str, tmp_path: Path) -> None:
     steps = [m.step for m in client.get_metric_history(run_id, "train/fitness_mean")]
     assert sorted(steps) == [1, 2, 3]  # generation 2, sent before the crash, is not repeated
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_run_ends_the_runs_of_dead_processes_as_killed(store: str, tmp_path: Path) -> None:
+    """Issue 40 item 1: a process killed outright (SIGKILL) leaves its MLflow run RUNNING. The
+    next run on the store ends as KILLED every RUNNING run whose run directory's lock nothing
+    holds; a run whose lock is held (alive), whose directory has no lock (another host) or
+    that has no run-directory tag (another tool) is left alone."""
+    from filelock import FileLock
+
+    from evolm.callbacks.mlflow import RUN_DIR_TAG
+
+    client = MlflowClient(store)
+    experiment = client.create_experiment("dead")
+    dirs = {name: tmp_path / name for name in ("dead", "alive", "elsewhere")}
+    for name, folder in dirs.items():
+        folder.mkdir()
+        if name != "elsewhere":
+            (folder / ".lock").touch()
+    runs = {
+        name: client.create_run(experiment, tags={RUN_DIR_TAG: str(folder)}).info.run_id
+        for name, folder in dirs.items()
+    }
+    runs["untagged"] = client.create_run(experiment).info.run_id
+    held = FileLock(str(dirs["alive"] / ".lock"))
+    held.acquire()  # as the running process holds it
+    try:
+        logger = MLflowLogger(store, experiment_name="dead", artifacts=[])
+        ctx = context(tmp_path / "new")
+        logger.on_run_start(ctx, STATE)
+        logger.on_run_end(ctx, {}, STATE)
+    finally:
+        held.release()
+    status = {name: client.get_run(run).info.status for name, run in runs.items()}
+    assert status == {
+        "dead": "KILLED",
+        "alive": "RUNNING",
+        "elsewhere": "RUNNING",
+        "untagged": "RUNNING",
+    }
+    new = client.get_run(logger.run_id or "")
+    assert new.data.tags[RUN_DIR_TAG] == str((tmp_path / "new").resolve())

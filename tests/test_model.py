@@ -474,3 +474,33 @@ def test_countdown_build_bytes_do_not_depend_on_cpu_kernels_or_threads(tmp_path:
         pytest.skip("no AVX-512 here: both builds ran the same ATen kernels (float64 agreed)")
     control = builds_in_envs(tmp_path, "float32")
     assert len({digest for _, digest in control.values()}) == 2, control
+
+
+def test_warm_up_eta_weighs_each_kind_of_step() -> None:
+    """Issue 40 item 6: the build's progress lines say how long is left. A kind of step not run
+    yet is costed by its work relative to the steps done (a full-prompt countdown step costs
+    about 1.6 short ones), a kind that has run by its own mean time."""
+    import math
+
+    from evolm.model.eta import Eta, duration, step_work
+
+    work = {"short": step_work(32, 80), "full": step_work(16, 192), "qa": step_work(16, 64)}
+    assert 1.5 < work["full"] / work["short"] < 1.7
+    eta = Eta(["short"] * 4 + ["full", "qa"] * 2, work)
+    assert math.isnan(eta.seconds_left()) and duration(eta.seconds_left()) == "?"
+    for _ in range(2):
+        eta.step("short", 1.0)
+    per_work = 1.0 / work["short"]
+    expected = 2 + 2 * work["full"] * per_work + 2 * work["qa"] * per_work
+    assert eta.seconds_left() == pytest.approx(expected)
+    for _ in range(2):
+        eta.step("short", 1.0)
+    eta.step("full", 3.0)
+    per_work = 7.0 / (4 * work["short"] + work["full"])
+    assert eta.seconds_left() == pytest.approx(3.0 + 2 * work["qa"] * per_work)
+    assert [duration(s) for s in (0.4, 42, 200, 3900)] == [
+        "0 s",
+        "42 s",
+        "3 min 20 s",
+        "1 h 05 min",
+    ]

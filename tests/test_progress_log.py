@@ -35,8 +35,9 @@ def test_run_logged_to_a_file_reports_its_directory_build_and_generations(tmp_pa
     lines = [line for line in text.splitlines() if "][evolm" in line]
     assert lines[0].endswith(f"run directory: {run}"), lines[:3]
     assert any("building the tiny model" in line for line in lines)
-    steps = [int(m.group(1)) for m in re.finditer(r"tiny model warm-up: step (\d+)/20, loss", text)]
-    assert steps == [2, 4, 6, 8, 10, 12, 14, 16, 18]
+    every_10 = r"tiny model warm-up: step (\d+)/20, loss [\d.]+, \d+ s so far, about \d+ s left"
+    steps = [int(m.group(1)) for m in re.finditer(every_10, text)]
+    assert steps == [2, 4, 6, 8, 10, 12, 14, 16, 18]  # each with the time left (issue 40 item 6)
     generations = re.findall(r"generation (\d)/3: (.*)", text)
     assert [int(g) for g, _ in generations] == [0, 1, 2, 3]
     assert re.fullmatch(r"eval reward [-\d.e]+, [\d.]+ s", generations[0][1])

@@ -3,6 +3,7 @@ an uninterrupted one; unusable checkpoints are skipped; only the newest N are ke
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -24,7 +25,7 @@ from evolm.checkpoint import checkpoints, latest_checkpoint, save_checkpoint
 from evolm.es import ES, ESState
 from evolm.lora import LoraLayout
 from evolm.task.scorer import Scorer
-from tests.helpers import REPO, generation_record, read_results, run_cli
+from tests.helpers import REPO, compose_config, generation_record, read_results, run_cli
 
 GENERATIONS = 24
 ARGS = [
@@ -279,3 +280,87 @@ def test_adam_state_continues_exactly(tmp_path: Path) -> None:
     resumed = advance(ESState.from_state_dict(found.es), 3)
     assert all(torch.equal(a, b) for a, b in zip(straight.mean, resumed.mean, strict=True))
     assert resumed.generation == 6 and resumed.opt["step"] == 6
+
+
+# What conf/model/tiny.yaml gives without task=countdown: task=countdown on the default tiny
+# model (already built), not the countdown warm-up's (minutes to build).
+COUNTDOWN_ON_TINY = [
+    "task=countdown",
+    "model.warmup_steps=200",
+    "model.countdown_share=0",
+    "model.countdown_untagged=0",
+    "model.max_position_embeddings=1024",
+]
+
+
+COUNTDOWN_RUN = [
+    *COUNTDOWN_ON_TINY,
+    *("task.train_size=20", "task.samples_per_generation=4", "task.eval_samples=4"),
+    *("generations=4", "eval_every=2", "es.population_size=4", "task.max_new_tokens=8"),
+    "callbacks.checkpoint.every=1",
+]
+
+
+def write_puzzles(path: Path, seed: int) -> None:
+    from evolm.task.countdown_data import generate_puzzles
+
+    records = [{"numbers": r["numbers"], "target": r["target"]} for r in generate_puzzles(40, seed)]
+    path.write_text(json.dumps(records))
+
+
+def test_resume_on_other_data_is_refused_unless_asked_then_recorded(
+    tmp_path: Path,
+    tiny_model_dir: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 40 item 7: a countdown run on ``task.data_file=x.json`` stopped, ``x.json``
+    replaced by other records: the resume is refused before the model loads, naming the key
+    and the fix (before: it trained on the new records without a word). With
+    ``resume_on_new_data=true`` it goes on, warns, and records the change in its checkpoints
+    and its MLflow run. (In process: the run stops on an error in generation 3.)"""
+    from evolm.app import train
+    from evolm.engine.local import LocalEngine
+    from evolm.errors import ConfigError
+
+    data, run_dir = tmp_path / "x.json", tmp_path / "run"
+    write_puzzles(data, 1)
+    tell, told = ES.tell, [0]
+
+    def stop_in_generation_3(self: ES, *args: Any, **kwargs: Any) -> Any:
+        told[0] += 1
+        if told[0] == 3:
+            raise RuntimeError("stopped in generation 3")
+        return tell(self, *args, **kwargs)
+
+    monkeypatch.setattr(ES, "tell", stop_in_generation_3)
+    with pytest.raises(RuntimeError, match="stopped in generation 3"):
+        train(compose_config([*COUNTDOWN_RUN, f"task.data_file={data}", f"output_dir={run_dir}"]))
+    monkeypatch.undo()
+    write_puzzles(data, 2)  # 40 other puzzles
+
+    loads = LocalEngine.loads
+    with pytest.raises(ConfigError) as refused:
+        train(compose_config([f"resume={run_dir}"]))
+    checkpoint = run_dir / "checkpoints" / "gen-000002.pt"
+    assert str(refused.value).startswith(
+        f"task.data_file: the prompts task reads (task.data_file={data}) differ from those "
+        f"checkpoint {checkpoint} was trained on (data fingerprint "
+    )
+    assert "continue this run on it anyway with resume_on_new_data=true" in str(refused.value)
+    assert LocalEngine.loads == loads  # before the model loads
+
+    train(compose_config([f"resume={run_dir}", "resume_on_new_data=true"]))
+    assert "the run continues on it (resume_on_new_data=true)" in caplog.text
+    final = latest_checkpoint(run_dir / "checkpoints")
+    assert final is not None and final.generation == 4
+    [change] = final.data_changes
+    assert change["generation"] == 2 and change["part"] == "task"
+    assert change["now"] == final.data["task"] != change["was"]
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    [run] = client.search_runs(
+        [client.get_experiment_by_name("evolm").experiment_id],  # type: ignore[union-attr]
+        filter_string=f"params.output_dir = '{run_dir}'",
+    )
+    tag = run.data.tags["evolm.data_changed"]
+    assert tag == f"generation 2: task {change['was'][:12]} -> {change['now'][:12]}"

@@ -94,12 +94,19 @@ def test_each_server_gets_its_share_as_one_request(fleet: Fleet, layout: LoraLay
     assert sorted(sent) == sorted(e.url for e in fleet.engines)  # type: ignore[attr-defined]
 
 
+def base_copies(fleet: Fleet) -> list[Path]:
+    """The base-model folders the fleet's engines have written (in any engine's stage)."""
+    return sorted(p for e in fleet.engines for p in e.stage.root.glob("base-*"))  # type: ignore[attr-defined]
+
+
 def test_a_full_mode_update_reaches_every_server_at_once(
     fleet: Fleet, tiny_model_dir: str, layout: LoraLayout, tmp_path: Path
 ) -> None:
-    """``es.mean=full`` on a fleet: every server loads the new base weights (the fleet then
-    generates as the updated model does), the servers' loads run side by side, not one after
-    another, and ``restore_base_weights`` points every server back at the model."""
+    """``es.mean=full`` on a fleet: the new base weights are written ONCE and every server loads
+    that one folder (issue 40 item 5; before, each server wrote its own copy), the servers'
+    loads run side by side, not one after another, the fleet then generates as the updated
+    model does, the next update deletes the previous copy, and ``restore_base_weights`` points
+    every server back at the model and deletes the last one."""
     import torch
 
     from evolm.model.full import save_model
@@ -107,6 +114,7 @@ def test_a_full_mode_update_reaches_every_server_at_once(
     t = layout.targets[0]
     new = {f"{t.path}.weight": torch.full((t.out_features, t.in_features), 0.01)}
     spans: list[tuple[float, float]] = []
+    loaded: list[Path] = []
     for engine in fleet.engines:
         original = engine._send_base  # type: ignore[attr-defined]
 
@@ -115,6 +123,7 @@ def test_a_full_mode_update_reaches_every_server_at_once(
             time.sleep(1.0)  # a load that takes a while, as a real model's does
             _orig(path)
             spans.append((start, time.monotonic()))
+            loaded.append(path)
 
         engine._send_base = spy  # type: ignore[attr-defined]
     try:
@@ -124,11 +133,18 @@ def test_a_full_mode_update_reaches_every_server_at_once(
             del engine._send_base  # type: ignore[attr-defined]
     assert len(spans) == 2
     assert max(s for s, _ in spans) < min(e for _, e in spans), f"one after another: {spans}"
+    [copy] = base_copies(fleet)  # one copy written, both servers loaded it
+    assert loaded == [copy, copy]
+    assert [e.base_path for e in fleet.engines] == [copy, copy]  # type: ignore[attr-defined]
     pop, sampling = population(layout, 3), Sampling(max_new_tokens=6)
     updated = LocalEngine(str(save_model(tmp_path / "m", tiny_model_dir, new)), layout,
                           device="cpu", dtype="float32")  # fmt: skip
     assert fleet.generate(PROMPTS, pop, sampling, 0) == updated.generate(PROMPTS, pop, sampling, 0)
+    fleet.update_base_weights({k: v * 2 for k, v in new.items()})
+    [second] = base_copies(fleet)
+    assert second != copy and [e.base_path for e in fleet.engines] == [second, second]  # type: ignore[attr-defined]
     fleet.restore_base_weights()
+    assert base_copies(fleet) == [] and [e.base_path for e in fleet.engines] == [None, None]  # type: ignore[attr-defined]
     base = LocalEngine(tiny_model_dir, layout, device="cpu", dtype="float32")
     assert fleet.generate(PROMPTS, pop, sampling, 0) == base.generate(PROMPTS, pop, sampling, 0)
 

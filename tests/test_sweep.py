@@ -148,6 +148,97 @@ def test_a_sweep_whose_trials_all_fail_ends_with_evolms_message(tmp_path: Path) 
     assert [t.state for t in study(tmp_path).trials] == [TrialState.FAIL] * 2
 
 
+def sweep_command(tmp: Path, *args: str) -> list[str]:
+    return [
+        "-m",
+        "hparams_search=es_optuna",
+        f"hydra.sweeper.storage=sqlite:///{tmp}/optuna.db",
+        "hydra.sweeper.study_name=test",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={tmp}/sweep",
+        "logger=none",
+        *args,
+    ]
+
+
+def test_a_misspelt_key_in_a_sweep_is_one_error_before_the_sweep_starts(tmp_path: Path) -> None:
+    """Issue 40 item 3: a sweep expression's key or value, in an overlay's
+    ``hydra.sweeper.params`` or on the command line, is composed with the values it gives the
+    trials by the check ``python -m evolm`` runs before Hydra (exit 2, one message: no study, no
+    trial); before: Hydra's own error, from the first trial, its trials left RUNNING in the
+    study. In process: the CLI's exit 2 for a ConfigError is tests/test_bad_starts.py's."""
+    from evolm.compose_check import check_command_line
+
+    overlay = tmp_path / "conf" / "hparams_search"
+    overlay.mkdir(parents=True)
+    params = "  sweeper:\n    params:\n      es.sigmaa: tag(log, interval(0.0005, 0.05))\n"
+    (overlay / "typo.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - es_optuna\nhydra:\n" + params
+    )
+    with pytest.raises(ConfigError) as raised:
+        check_command_line(
+            ["-m", "--config-dir", str(tmp_path / "conf"), "hparams_search=typo"], CONF
+        )
+    assert str(raised.value).startswith(
+        "es.sigmaa: no such key in es (in the sweep 'es.sigmaa=tag(log, interval(0.0005, 0.05))' "
+        "of hydra.sweeper.params). Fix: did you mean es.sigma?"
+    )
+    for sweep_arg, problem in {
+        "es.sigmaa=choice(0.01,0.02)": "es.sigmaa: no such key in es (in the sweep",
+        "lora.rank=choice(2,two)": "lora.rank: Value 'two' of type 'str' could not be converted",
+        "task=choice(conciseness,countdwn)": "task: no option 'countdwn'; available:",
+    }.items():
+        with pytest.raises(ConfigError) as raised:
+            check_command_line(["-m", "hparams_search=es_optuna", sweep_arg], CONF)
+        assert str(raised.value).startswith(problem)
+        assert f"(in the sweep '{sweep_arg}' of the command line)" in str(raised.value)
+    check_command_line(["-m", "hparams_search=es_optuna", "lora.rank=choice(2,4)"], CONF)
+
+
+def test_a_sweep_directory_in_use_is_refused_before_any_trial(tmp_path: Path) -> None:
+    """Issue 40 item 3: two sweeps with one ``hydra.sweep.dir`` interleaved their trials. A
+    sweep locks its directory: a second one there (the lock held here, as a running sweep holds
+    it) is refused before its study or any trial, exit 2."""
+    from filelock import FileLock
+
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    with FileLock(str(sweep_dir / ".lock")):
+        proc = run_cli(sweep_command(tmp_path), timeout=120, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert (
+        f"bad configuration: hydra.sweep.dir: {sweep_dir} is in use by another evolm process"
+    ) in out
+    assert "Launching" not in out and not (tmp_path / "optuna.db").exists()
+    assert sorted(p.name for p in sweep_dir.iterdir()) == [".lock"]
+
+
+def test_a_sweep_directory_holding_trials_is_refused_and_trials_lock_their_folder(
+    tmp_path: Path,
+) -> None:
+    """An earlier sweep's trials in the directory would be overwritten by this sweep's (numbered
+    from 0 again): refused, naming them. A trial folder another process uses, or that holds a
+    run, fails that trial (a ConfigError)."""
+    from evolm.rundir import check_sweep, lock_trial
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    held = check_sweep(config)  # a fresh directory: locked
+    held.release()
+    (tmp_path / "sweep" / "0").mkdir()
+    (tmp_path / "sweep" / "0" / "config.yaml").write_text("seed: 0\n")
+    with pytest.raises(ConfigError, match=r"holds the trials of an earlier sweep \(0/\)"):
+        check_sweep(config)
+    trial = tmp_path / "sweep" / "1"
+    trial.mkdir()
+    held = lock_trial(trial)
+    with pytest.raises(ConfigError, match="in use by another evolm process"):
+        lock_trial(trial)
+    held.release()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        lock_trial(tmp_path / "sweep" / "0")
+
+
 # -- the pieces, in-process ---------------------------------------------------------------------
 
 

@@ -35,7 +35,11 @@ class RunContext:
     from its checkpoint; empty for a fresh run). ``stateful`` names the task and callbacks whose
     ``state_dict()`` a checkpoint carries (``"task"``, ``"callbacks.<name>"``, ``"logger.<name>"``).
     ``tags`` are run-level labels that callbacks set (the health monitor's ``evolm.health``) for
-    trackers to record.
+    trackers to record. ``data`` fingerprints the data the run reads, by part (``task``,
+    ``extra_evals.<name>``), and ``data_changes`` lists the changes of it that a resume
+    accepted (``resume_on_new_data``): checkpoints carry both. ``resumed``: this process
+    continues the run (``resume=<run dir>``) and holds its run directory's lock, so no other
+    process runs in it.
     """
 
     output_dir: Path
@@ -46,6 +50,9 @@ class RunContext:
     history: list[Record] = field(default_factory=list)
     stateful: dict[str, Stateful] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)  # set by callbacks; trackers copy them
+    resumed: bool = False
+    data: dict[str, str] = field(default_factory=dict)
+    data_changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,9 @@ class Checkpointer(Callback):
         directory = Path(ctx.output_dir) / CHECKPOINT_DIR
         try:
             run = run_identity(ctx.config)
-            path = save_checkpoint(directory, state, self.records[:count], extra, run)
+            path = save_checkpoint(
+                directory, state, self.records[:count], extra, run, ctx.data, ctx.data_changes
+            )
         except OSError as e:  # e.g. ENOSPC: the partial files are removed
             found = checkpoints(directory)
             last = f"the last good one, {found[-1][1]}, is kept" if found else "none exists"

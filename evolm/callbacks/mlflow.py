@@ -17,7 +17,13 @@ These retries replace MLflow's own HTTP retries (minutes): unless set in the env
 ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT=timeout_s``.
 
 The run id is checkpoint state (:meth:`state_dict`): a resumed evolm run continues its MLflow
-run, re-sends the records the interrupted process had not sent and skips those it had.
+run, re-sends the records the interrupted process had not sent and skips those it had. Every
+run is tagged with its run directory (``evolm.run_dir``), which a run holds locked while it runs
+(:mod:`evolm.rundir`). A process killed outright (SIGKILL, the OOM killer, a node lost) cannot
+end its MLflow run, so at its start a run ends as ``KILLED`` every ``RUNNING`` run of its
+experiment whose run directory's lock no process holds; a resume whose checkpoint names no run
+(killed before its first checkpoint) carries on the run its directory started instead of
+opening a second one.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from evolm.callbacks.base import Callback, RunContext
 from evolm.callbacks.record import GenerationRecord, Record
 from evolm.errors import ConfigError
 from evolm.es import ESState
+from evolm.files import RUN_DIR_LOCK, lock_held
 from evolm.interrupt import deferred, interruption
 from evolm.tracking.runinfo import flatten, git_commit
 from evolm.tracking.store import mlflow_client
@@ -53,6 +60,7 @@ T = TypeVar("T")
 DEFAULT_ARTIFACTS = ("config.yaml", "results.jsonl", "figures/evolution.png", "samples", "adapter")
 PERMANENT = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS"}
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch
+RUN_DIR_TAG = "evolm.run_dir"  # the run directory (resolved) of the evolm run an MLflow run logs
 
 
 def default_artifact_location(tracking_uri: str) -> str | None:
@@ -136,6 +144,7 @@ class MLflowLogger(Callback):
         self.ending = False  # the run raised: its last calls are tried once
         self.sent_through = -1  # records up to this generation are in the MLflow run
         self.sent_tags: dict[str, str] = {}  # ctx.tags already on the MLflow run
+        self.experiment_id: str | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id or self.resume_run_id}
@@ -146,7 +155,8 @@ class MLflowLogger(Callback):
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.timeout_s))
-        self.run_id = self._call("start the run", self._start)
+        run_dir = str(Path(ctx.output_dir).resolve())
+        self.run_id = self._call("start the run", partial(self._start, run_dir, ctx.resumed))
         if self.run_id is None:
             log.warning(
                 "MLflow: this run is NOT tracked (store %s unreachable); its results are in %s",
@@ -159,6 +169,7 @@ class MLflowLogger(Callback):
         log.info("MLflow: %s run %s in %s", how, self.run_id, self.tracking_uri)
         if not continuing:
             self._log_params(ctx.config)
+        self._call("end the runs of dead processes", partial(self._end_dead, run_dir, ctx.resumed))
         for record in ctx.history:
             self._queue(record)
         self._flush()
@@ -218,15 +229,59 @@ class MLflowLogger(Callback):
             self.client = mlflow_client(self.tracking_uri)
         return self.client
 
-    def _start(self) -> str:
-        """The checkpoint's run reopened, or a new run."""
+    def _start(self, run_dir: str, resumed: bool) -> str:
+        """The checkpoint's run reopened; for a resume whose checkpoint names none, the run
+        this run directory started, reopened; else a new run."""
         if self.resume_run_id is not None and self._continue(self.resume_run_id):
             return self.resume_run_id
-        run = self._client().create_run(
-            self._experiment_id(), run_name=self.run_name, tags=self._run_tags()
-        )
+        earlier = self._run_of(run_dir) if resumed and self.resume_run_id is None else None
+        if earlier is not None and self._continue(earlier):
+            log.info("MLflow: the checkpoint names no run; %s started in %s", earlier, run_dir)
+            self.resume_run_id = earlier
+            return earlier
+        tags = {**self._run_tags(), RUN_DIR_TAG: run_dir}
+        run = self._client().create_run(self._experiment_id(), run_name=self.run_name, tags=tags)
         self.sent_through = -1
         return run.info.run_id
+
+    def _run_of(self, run_dir: str) -> str | None:
+        """The newest run of the experiment tagged with ``run_dir`` (None: none)."""
+        if "'" in run_dir:  # not expressible in a filter string
+            return None
+        runs = self._client().search_runs(
+            [self._experiment_id()],
+            filter_string=f"tags.`{RUN_DIR_TAG}` = '{run_dir}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return runs[0].info.run_id if runs else None
+
+    def _end_dead(self, run_dir: str, resumed: bool) -> int:
+        """End as KILLED the RUNNING runs of the experiment whose process is gone: no process
+        holds their run directory's lock (or, for a resume, the directory is this one, which
+        this process holds). Runs whose directory cannot be probed (another host, no tag, a
+        filesystem without ``flock``) are left alone. Returns how many were ended."""
+        client, ended = self._client(), 0
+        running = client.search_runs(
+            [self._experiment_id()], filter_string="attributes.status = 'RUNNING'"
+        )
+        for run in running:
+            where = run.data.tags.get(RUN_DIR_TAG)
+            if (
+                run.info.run_id == self.run_id
+                or where is None
+                or not _gone(where, run_dir, resumed)
+            ):
+                continue
+            client.set_terminated(run.info.run_id, "KILLED")
+            ended += 1
+            log.warning(
+                "MLflow: run %s (run directory %s) was RUNNING, but the process that ran it is "
+                "gone: ended it as KILLED",
+                run.info.run_id,
+                where,
+            )
+        return ended
 
     def _log_params(self, config: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -255,6 +310,11 @@ class MLflowLogger(Callback):
         return True
 
     def _experiment_id(self) -> str:
+        if self.experiment_id is None:
+            self.experiment_id = self._find_experiment()
+        return self.experiment_id
+
+    def _find_experiment(self) -> str:
         client = self._client()
         exp = client.get_experiment_by_name(self.experiment_name)
         if exp is not None:
@@ -340,6 +400,14 @@ class MLflowLogger(Callback):
             log.info("MLflow: %s at %s works again", what, self.tracking_uri)
         self.failing = False
         return result
+
+
+def _gone(where: str, run_dir: str, resumed: bool) -> bool:
+    """Whether the process of a run in the run directory ``where`` has ended: nothing holds
+    its lock (a resume holds its own directory ``run_dir``: another run there is dead)."""
+    if resumed and where == run_dir:
+        return True
+    return lock_held(Path(where) / RUN_DIR_LOCK) is False
 
 
 def _log_metrics(client: MlflowClient, run_id: str, metrics: list[Metric]) -> bool:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 
 import torch
 from tokenizers import Tokenizer
 from torch import nn
 
 from evolm.model.corpus import WORDS, build_corpus
+from evolm.model.eta import Eta, duration, step_work
 from evolm.model.warmup import NoWarmup, WarmupData, answer_documents
 
 VERBOSE_SHARE = 0.6
@@ -123,6 +125,10 @@ def pretrain(
             f"countdown_share={countdown_share} needs the warm-up data: pass warmup= (the "
             "countdown task's, evolm.task.countdown_warmup.CountdownWarmup)"
         )
+    start = time.perf_counter()
+    logger.info(
+        "tiny model warm-up: %d steps (%d on countdown); preparing their documents", steps, n_count
+    )
     pairs = NoWarmup() if warmup is None else warmup
     data = documents(tok, end_id, (steps - n_count) * batch_size, seq_len, seed)
     n_full = (n_count + FULL_PROMPT_EVERY - 1) // FULL_PROMPT_EVERY
@@ -160,6 +166,8 @@ def pretrain(
     loss = torch.tensor(float("nan"))
     used = dict.fromkeys(batches, 0)
     done, report_every = 0, max(1, steps // 10)  # a log line every 10% of the steps
+    seq = {"qa": seq_len, "full": countdown_seq_len, "short": SHORT_SEQ_LEN}
+    eta = Eta(kinds, {k: step_work(batches[k][2], seq[k]) for k in batches})
     # two phases, each with its own one-cycle schedule: the short countdown block, then the rest
     for phase in (kinds[:n_short], kinds[n_short:]):
         if not phase:
@@ -167,6 +175,7 @@ def pretrain(
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=len(phase))
         for kind in phase:
+            began = time.perf_counter()
             inputs, labels, size = batches[kind]
             k = used[kind]
             used[kind] += 1
@@ -177,13 +186,19 @@ def pretrain(
             opt.step()
             sched.step()
             done += 1
+            eta.step(kind, time.perf_counter() - began)
             if done % report_every == 0 and done < steps:
-                logger.info("tiny model warm-up: step %d/%d, loss %.3f", done, steps, loss.item())
+                logger.info(
+                    "tiny model warm-up: step %d/%d, loss %.3f, %s so far, about %s left",
+                    *(done, steps, loss.item(), duration(time.perf_counter() - start)),
+                    duration(eta.seconds_left()),
+                )
     model.eval()
     logger.info(
-        "tiny model warm-up: %d steps (%d on countdown), final loss %.3f",
+        "tiny model warm-up: %d steps (%d on countdown), final loss %.3f, %s",
         steps,
         n_count,
         loss.item(),
+        duration(time.perf_counter() - start),
     )
     return loss.item()

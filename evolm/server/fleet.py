@@ -9,14 +9,20 @@ same split as :mod:`evolm.dist`), so the servers finish together; each server lo
 adapters of the members its rows need (with K below the prompt count: every member, on every
 server). The fleet is one engine to the rest of evolm: the sweep's engine pool keeps it (all
 its servers) across trials and :meth:`Fleet.use_layout` re-points every server.
+
+With ``es.mean=full`` the fleet writes each new base model once, to one folder, and every server
+loads that folder (all at once): one copy per update instead of one per server (K copies of a
+7B model's 15 GB in tmpfs, and K times the writing). A folder is deleted once no server serves it.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from evolm.engine.base import Engine, Row, every_member
 from evolm.lora.layout import LoraLayout, LoraPopulation
@@ -24,6 +30,18 @@ from evolm.sampling import Sampling
 from evolm.server.remote import map_all
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class SharedBase(Protocol):
+    """A server engine whose base weights come from a folder any server can load
+    (:class:`~evolm.server.sglang.SGLangEngine`)."""
+
+    base_path: Path | None
+
+    def write_base(self, named: Mapping[str, Any]) -> Path: ...
+
+    def load_base(self, path: Path | None) -> Path | None: ...
 
 
 def start_all(makers: Sequence[Callable[[], Engine]]) -> list[Engine]:
@@ -98,14 +116,34 @@ class Fleet(Engine):
         return dict(self._timings)
 
     def update_base_weights(self, named: Mapping[str, Any]) -> None:
-        """``es.mean=full``: every server writes and loads the new base weights, all at once
-        (one after another, a generation waited K times one server's write and load)."""
-        map_all(self.pool, lambda e: e.update_base_weights(named), [(e,) for e in self.engines])
+        """``es.mean=full``: the new base weights written once (the first server's
+        :meth:`~SharedBase.write_base`), then loaded by every server at once; the folders no
+        server serves any more are deleted (a server whose load failed keeps its previous one).
+        Engines that cannot share a folder each write and load their own, all at once."""
+        if not all(isinstance(e, SharedBase) for e in self.engines):
+            map_all(self.pool, lambda e: e.update_base_weights(named), [(e,) for e in self.engines])
+            return
+        path = self.engines[0].write_base(named)  # type: ignore[attr-defined]
+        self._load_everywhere(path)
 
     def restore_base_weights(self) -> None:
         """Every server serves the launch model's own weights again (after ``es.mean=full``),
         all at once."""
-        map_all(self.pool, lambda e: e.restore_base_weights(), [(e,) for e in self.engines])
+        if not all(isinstance(e, SharedBase) for e in self.engines):
+            map_all(self.pool, lambda e: e.restore_base_weights(), [(e,) for e in self.engines])
+            return
+        self._load_everywhere(None)
+
+    def _load_everywhere(self, path: Path | None) -> None:
+        """Every server loads ``path`` (None: the launch model); then the folders written by
+        :meth:`update_base_weights` that no server serves are deleted, whatever failed."""
+        shared: list[SharedBase] = [e for e in self.engines if isinstance(e, SharedBase)]
+        folders = {e.base_path for e in shared} | {path}
+        try:
+            map_all(self.pool, lambda e: e.load_base(path), [(e,) for e in shared])
+        finally:
+            for folder in folders - {e.base_path for e in shared} - {None}:
+                shutil.rmtree(folder, ignore_errors=True)  # type: ignore[arg-type]
 
     def use_layout(self, layout: LoraLayout) -> None:
         for engine in self.engines:

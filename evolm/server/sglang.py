@@ -217,13 +217,22 @@ class SGLangEngine(RemoteEngine):
     base_path: Path | None = None  # the folder the server serves them from (None: launch model)
 
     def update_base_weights(self, named: Mapping[str, torch.Tensor]) -> None:
-        """``es.mean=full``: write the model with ``named`` swapped in (a plain model
-        directory, the base's dtype; :mod:`evolm.model.full`) beside the staged adapters, and
-        have the server load it with ``POST /update_weights_from_disk`` (``model_path``;
-        ``flush_cache``: the prefix cache holds the old weights' KV). A launched server that
-        is down is restarted (at most ``restarts`` times) and sent it again. Once the server
-        answers success the previous folder is deleted; a failed update deletes the new one
-        (the server keeps serving the previous weights, as SGLang rolls back)."""
+        """``es.mean=full``: write the model with ``named`` swapped in (:meth:`write_base`) and
+        have the server load it (:meth:`load_base`). Once the server answers success the
+        previous folder is deleted; a failed update deletes the new one (the server keeps
+        serving the previous weights, as SGLang rolls back)."""
+        path = self.write_base(named)
+        try:
+            previous = self.load_base(path)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        remove_base(previous, keep=path)
+
+    def write_base(self, named: Mapping[str, torch.Tensor]) -> Path:
+        """A new folder beside the staged adapters (``base-NNNNNN``) holding the model with
+        ``named`` swapped in: a plain model directory in the base's dtype
+        (:mod:`evolm.model.full`), which any server of this model can load."""
         from evolm.model.full import save_model
 
         self._local_model_dir()
@@ -231,11 +240,22 @@ class SGLangEngine(RemoteEngine):
         path = self.stage.root / f"base-{self.base_version:06d}"
         try:
             save_model(path, self.model_path, named)
-            self.with_restarts("reloading the base weights", lambda: self._send_base(path))
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        self._serving(path)
+        return path
+
+    def load_base(self, path: Path | None) -> Path | None:
+        """Have the server serve the weights in ``path`` (None: the launch model's own folder)
+        with ``POST /update_weights_from_disk`` (``model_path``; ``flush_cache``: the prefix
+        cache holds the old weights' KV); a launched server that is down is restarted (at most
+        ``restarts`` times) and sent it again. Deletes nothing: returns the folder the server
+        served before (None: the launch model), which the caller may delete."""
+        target = self._local_model_dir() if path is None else path
+        what = "reloading the base weights" if path is not None else "restoring the base weights"
+        self.with_restarts(what, lambda: self._send_base(target))
+        previous, self.base_path = self.base_path, path
+        return previous
 
     def restore_base_weights(self) -> None:
         """Point the server back at the launch model's own folder (``POST
@@ -244,9 +264,7 @@ class SGLangEngine(RemoteEngine):
         model copy is written). Nothing to do when no update was sent."""
         if self.base_path is None:
             return
-        model = self._local_model_dir()
-        self.with_restarts("restoring the base weights", lambda: self._send_base(model))
-        self._serving(None)
+        remove_base(self.load_base(None))
 
     def close(self) -> None:
         """A server that outlives the engine (attached, or ``keep_alive``) that serves weights
@@ -257,7 +275,8 @@ class SGLangEngine(RemoteEngine):
         if not self._closed and self.base_path is not None and outlives:
             try:
                 self._send_base(self._local_model_dir())
-                self._serving(None)
+                previous, self.base_path = self.base_path, None
+                remove_base(previous)
             except (RuntimeError, ConfigError) as e:  # ServerDown is a RuntimeError
                 log.warning(
                     "the SGLang server at %s still serves the weights from %s (%s). Restart it, "
@@ -265,12 +284,6 @@ class SGLangEngine(RemoteEngine):
                     *(self.url, self.base_path, e, self.model_path),
                 )
         super().close()
-
-    def _serving(self, path: Path | None) -> None:
-        """The server now serves ``path`` (None: the launch model): delete the previous folder."""
-        previous, self.base_path = self.base_path, path
-        if previous is not None and previous != path:
-            shutil.rmtree(previous, ignore_errors=True)
 
     def _local_model_dir(self) -> Path:
         if not Path(self.model_path).is_dir():
@@ -350,6 +363,13 @@ class SGLangEngine(RemoteEngine):
     def parse(self, answer: Any, call: Call) -> list[str]:
         stop = tuple(call.payload["sampling_params"].get("stop") or ())
         return [sglang_completion(row, stop) for row in answer]
+
+
+def remove_base(folder: Path | None, keep: Path | None = None) -> None:
+    """Delete a base-weights folder :meth:`SGLangEngine.write_base` wrote (None, or ``keep``:
+    nothing)."""
+    if folder is not None and folder != keep:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def sglang_completion(row: dict[str, Any], stop: tuple[str, ...] = ()) -> Completion:
