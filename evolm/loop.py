@@ -42,6 +42,33 @@ def generation_diagnostics(ev: Evaluation, pop: Population) -> dict[str, float]:
     return {**ev.diagnostics, **pairs}
 
 
+def eval_metrics(
+    engine: Engine,
+    task: Task,
+    adapter: LoraPopulation,
+    seed: int,
+    comm: Comm = SINGLE,
+    extra_evals: Mapping[str, Task] | None = None,
+    kl: bool = True,
+) -> tuple[Record, Evaluation]:
+    """The eval metrics of one adapter on ``task``'s eval split (``eval/*`` names, what every
+    eval of the ES mean logs; ``time/eval_s`` aside), and the evaluation itself: the task's
+    scores and diagnostics, its KL to the base (``kl``, where the engine scores it) and every
+    extra eval task's (``eval/<name>/*``: what training costs on tasks it does not train)."""
+    examples = task.eval_examples()
+    ev = evaluate(engine, task, examples, adapter, seed, comm)
+    metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
+    metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
+    if kl:
+        found = kl_to_base(engine, examples, ev.completions[0], adapter, comm)
+        metrics |= {M.eval_diagnostic(k): v for k, v in found.items()}
+    for name, extra_task in (extra_evals or {}).items():
+        extra = evaluate(engine, extra_task, extra_task.eval_examples(), adapter, seed, comm)
+        metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
+        metrics |= {M.extra_eval_diagnostic(name, k): v for k, v in extra.diagnostics.items()}
+    return metrics, ev
+
+
 def check_finite_mean(mean_norm: float, generation: int, strategy: ES | FullES) -> None:
     """Stop the run (before the generation is logged or checkpointed) once the ES mean holds a
     NaN or an infinity: every later generation, checkpoint and adapter would be garbage."""
@@ -114,17 +141,16 @@ class ESLoop:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, self.mean_adapter(state))
+        metrics, ev = eval_metrics(
+            self.engine,
+            self.task,
+            mean,
+            self.seed,
+            self.comm,
+            self.extra_evals,
+            kl=not self.full,  # full: the engine's base IS the mean, its KL to itself is moot
+        )
         examples = self.task.eval_examples()
-        ev = evaluate(self.engine, self.task, examples, mean, self.seed, self.comm)
-        metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
-        metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
-        if not self.full:  # full: the engine's base IS the mean, its KL to itself says nothing
-            kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
-            metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
-        for name, task in self.extra_evals.items():  # what ES costs on tasks it does not train
-            extra = evaluate(self.engine, task, task.eval_examples(), mean, self.seed, self.comm)
-            metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
-            metrics |= {M.extra_eval_diagnostic(name, k): v for k, v in extra.diagnostics.items()}
         mine = self.comm.shard(range(len(examples)))  # the rows this process generated
         samples = [
             Sample(
