@@ -19,6 +19,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -34,7 +35,7 @@ from evolm.loop import TrainClock
 log = logging.getLogger("baselines.grpo")
 
 
-def lora_config(parts: SharedParts):
+def lora_config(parts: SharedParts) -> Any:
     """peft's LoRA with evolm's layout: the same rank, alpha, target modules and layers as the
     ES adapter (peft's own initialisation: A random, B = 0, so training starts at the base)."""
     from peft import LoraConfig
@@ -55,33 +56,48 @@ def lora_config(parts: SharedParts):
 
 def run(overrides: Sequence[str], settings: GRPOSettings) -> Path:
     """Train with GRPO as ``overrides`` (evolm's) and ``settings`` say; returns the run dir."""
-    from transformers import AutoTokenizer
-    from trl import GRPOTrainer
-
     cfg = compose_run(overrides)
     if "output_dir" not in {o.split("=", 1)[0] for o in overrides}:
         raise ConfigError("output_dir", "is not set", "e.g. output_dir=outputs/grpo/run1")
     run_dir = Path(cfg.output_dir)
     parts = build_shared(cfg)
-    task = parts.task
-    prompts = settings.prompts(getattr(task, "samples_per_generation", 16))
+    prompts = settings.prompts(getattr(parts.task, "samples_per_generation", 16))
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = OmegaConf.to_container(cfg, resolve=True)
     settings_dict = OmegaConf.to_container(OmegaConf.structured(settings))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml({**plain, "grpo": settings_dict}))
+    trainer = build_trainer(parts, settings, prompts, run_dir)
+    log.info(
+        "GRPO: %d prompts x %d completions per step, lr %g, beta %g, %s; budget %s s of "
+        "training, evals every %s s, at most %d steps",
+        prompts,
+        settings.num_generations,
+        settings.learning_rate,
+        settings.beta,
+        "cuda" if torch.cuda.is_available() else "cpu",
+        cfg.time_budget_s,
+        cfg.eval_every_s,
+        cfg.generations,
+    )
+    trainer.train()
+    trainer.model.save_pretrained(str(run_dir / "adapter"))
+    log.info("run directory: %s", run_dir)
+    return run_dir
 
+
+def build_trainer(parts: SharedParts, settings: GRPOSettings, prompts: int, run_dir: Path) -> Any:
+    """TRL's ``GRPOTrainer`` on the task's training puzzles and reward, with the budget
+    callback that times, evaluates, stops and records it."""
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    cfg, task = parts.config, parts.task
     tokenizer = AutoTokenizer.from_pretrained(parts.model_path)
     examples = train_split(task)
-    args = trl_config(
-        settings,
-        run_dir / "trl",
-        prompts,
-        task.sampling.max_new_tokens,
-        cfg.generations,
-        cfg.seed,
-    )
+    max_tokens = task.sampling.max_new_tokens
+    args = trl_config(settings, run_dir / "trl", prompts, max_tokens, cfg.generations, cfg.seed)
     eos = tokenizer.eos_token_id
-    reward = TaskReward(task, examples, [] if eos is None else [eos], task.sampling.max_new_tokens)
+    reward = TaskReward(task, examples, [] if eos is None else [eos], max_tokens)
     budget = BudgetCallback(
         TrainClock(cfg.time_budget_s, cfg.eval_every_s),
         lambda tensors: evaluate_adapter(parts, tensors, cfg.seed),
@@ -99,24 +115,9 @@ def run(overrides: Sequence[str], settings: GRPOSettings) -> Path:
         peft_config=lora_config(parts),
         callbacks=[budget],
     )
-    reward.eos_ids |= set(trainer.eos_token_ids)
-    log.info(
-        "GRPO on %d training prompts: %d prompts x %d completions per step, lr %g, beta %g, "
-        "%s; budget %s s of training, evals every %s s, at most %d steps",
-        len(examples),
-        prompts,
-        settings.num_generations,
-        settings.learning_rate,
-        settings.beta,
-        "cuda" if torch.cuda.is_available() else "cpu",
-        cfg.time_budget_s,
-        cfg.eval_every_s,
-        cfg.generations,
-    )
-    trainer.train()
-    trainer.model.save_pretrained(str(run_dir / "adapter"))
-    log.info("run directory: %s", run_dir)
-    return run_dir
+    reward.eos_ids |= set(trainer.eos_token_ids)  # the model's generation config's too
+    log.info("GRPO on the task's %d training prompts", len(examples))
+    return trainer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """Peak memory of a training process, written beside its ``results.jsonl`` the same way for
-both methods: ``peak_memory.json`` ``{"peak_gb": ..., "device": "cuda" | "cpu", "what": ...}``.
+both methods: ``peak_memory.json`` ``{"peak_gb": ..., "device": "cuda" | "cpu", "name": the
+GPU's name or "cpu", "what": ...}`` (timings compare only on the same card).
 
 On a GPU it is torch's peak of allocated memory (``torch.cuda.max_memory_allocated``); on a
 CPU the process's peak resident set (``ru_maxrss``), which is all a CPU run can say.
@@ -30,7 +31,9 @@ def peak_gb() -> tuple[float, str]:
 def write_peak(run_dir: str | Path, peak: float, device: str, what: str) -> None:
     path = Path(run_dir) / FILE
     tmp = path.with_name(f".{FILE}.tmp")
-    tmp.write_text(json.dumps({"peak_gb": peak, "device": device, "what": what}) + "\n")
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    record = {"peak_gb": peak, "device": device, "name": name, "what": what}
+    tmp.write_text(json.dumps(record) + "\n")
     tmp.replace(path)
 
 

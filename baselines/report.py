@@ -92,6 +92,7 @@ class Run:
             "tokens": last.tokens,
             "peak_gb": None if self.peak is None else self.peak["peak_gb"],
             "peak_device": None if self.peak is None else self.peak["device"],
+            "device_name": None if self.peak is None else self.peak.get("name"),
             "eval_s": sum(r.get(M.EVAL_S, 0.0) for r in self.records),
         }
         for key in (ACCURACY, BEYOND, M.EVAL_REWARD, M.EVAL_KL_MEAN):
@@ -102,9 +103,18 @@ class Run:
         return out
 
 
+def device_unit(runs: list[Run]) -> str:
+    """``GPU`` where every run trained on one (its peak memory says so), else ``CPU``."""
+    cuda = all(r.peak is not None and r.peak.get("device") == "cuda" for r in runs)
+    return "GPU" if cuda else "CPU"
+
+
 def figure(runs: list[Run], path: Path, title: str) -> Path:
     """Accuracy and accuracy beyond shortcuts (or the reward, for a task without them) against
     GPU-seconds of training, one line per method."""
+    unit = device_unit(runs)
+    if unit == "CPU":
+        title += " (CPU smoke run, no GPU)"
     keys = [k for k in PANELS if any(k in p.metrics for r in runs for p in r.points())]
     keys = keys or [M.EVAL_REWARD]
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), squeeze=False)
@@ -123,7 +133,7 @@ def figure(runs: list[Run], path: Path, title: str) -> Path:
         )
         if key == ACCURACY and shortcut is not None:
             ax.axhline(shortcut, color="gray", linestyle=":", label="best answer template")
-        ax.set_xlabel("GPU-seconds of training (evals excluded)")
+        ax.set_xlabel(f"{unit}-seconds of training (evals excluded)")
         ax.set_ylabel(PANELS.get(key, key))
         ax.grid(alpha=0.3)
         ax.legend()
@@ -138,8 +148,9 @@ def markdown(runs: list[Run]) -> str:
     """The table: what each method spent and reached; then every evaluation."""
     summaries = [r.summary() for r in runs]
     rows = [
+        ("device", "device_name", "{}"),
         ("updates (ES generations / GRPO steps)", "updates", "{:d}"),
-        ("GPU-seconds of training", "gpu_s", "{:.0f}"),
+        (f"{device_unit(runs)}-seconds of training", "gpu_s", "{:.0f}"),
         ("tokens generated in training", "tokens", "{:,.0f}"),
         ("peak memory (GiB)", "peak_gb", "{:.2f}"),
         ("evaluation seconds (not counted)", "eval_s", "{:.0f}"),
@@ -155,7 +166,11 @@ def markdown(runs: list[Run]) -> str:
             continue
         cells = [("n/a" if s.get(key) is None else fmt.format(s[key])) for s in summaries]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "| method | generation | GPU-s | tokens | accuracy | beyond shortcuts | reward |"]
+    unit = device_unit(runs)
+    lines += [
+        "",
+        f"| method | generation | {unit}-s | tokens | accuracy | beyond shortcuts | reward |",
+    ]
     lines.append("|---|---:|---:|---:|---:|---:|---:|")
     for run in runs:
         for p in run.points():
@@ -179,6 +194,7 @@ def write_report(runs: list[Run], out: Path, title: str) -> dict[str, Path]:
         "json": out / "comparison.json",
     }
     figure(runs, paths["figure"], title)
-    paths["table"].write_text(f"# {title}\n\n" + markdown(runs))
+    smoke = " (CPU smoke run, no GPU)" if device_unit(runs) == "CPU" else ""
+    paths["table"].write_text(f"# {title}{smoke}\n\n" + markdown(runs))
     paths["json"].write_text(json.dumps([r.summary() for r in runs], indent=2) + "\n")
     return paths
