@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from baselines.grpo_settings import PREFIX
+from baselines.grpo_settings import PREFIX, parse_settings
 from baselines.report import Run, write_report
+from baselines.runconfig import compose_run
 from evolm.errors import ConfigError
 
 log = logging.getLogger("baselines.compare")
@@ -146,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         settings, grpo, evolm = split_args(list(sys.argv[1:] if argv is None else argv))
+        if not settings.report_only:  # a misspelt key fails now, not after the ES run
+            parse_settings(grpo)
+            compose_run([*evolm, f"time_budget_s={settings.budget_s}"])
     except ConfigError as e:
         log.error("bad configuration: %s", e)
         return 2

@@ -110,13 +110,17 @@ def parse_settings(overrides: Sequence[str]) -> GRPOSettings:
         )
         settings = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        key = f"{PREFIX}{getattr(e, 'full_key', '') or ''}"
-        near = closest(key.removeprefix(PREFIX), list(GRPOSettings.__dataclass_fields__))
+        name = str(getattr(e, "full_key", "") or "")
+        known = list(GRPOSettings.__dataclass_fields__)
+        near = closest(name, known)
         hint = (
-            f"did you mean {', '.join(PREFIX + n for n in near)}?"
+            "give it a value of its type (baselines/grpo_settings.py)"
+            if name.split(".")[0] in known
+            else f"did you mean {', '.join(PREFIX + n for n in near)}?"
             if near
-            else "see baselines/grpo_settings.py"
+            else f"one of {', '.join(PREFIX + n for n in known)}"
         )
+        key = PREFIX + name
         raise ConfigError(key, str(e).splitlines()[0], hint) from None
     assert isinstance(settings, GRPOSettings)
     return settings
