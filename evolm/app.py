@@ -128,6 +128,14 @@ def check_run_keys(cfg: DictConfig) -> None:
             f"must be >= 1, got {cfg.eval_every}",
             "e.g. eval_every=10 (the mean is also evaluated at start and end)",
         )
+    for key in ("time_budget_s", "eval_every_s"):
+        value = cfg[key]
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                key,
+                f"must be > 0 seconds of training time, or null, got {value}",
+                f"e.g. {key}=1200 (time/train_s counts generate, score and update only)",
+            )
     check_objectives(cfg.optimized_metric)
 
 
@@ -398,6 +406,8 @@ def make_loop(
         generations=cfg.generations,
         eval_every=cfg.eval_every,
         seed=cfg.seed,
+        time_budget_s=cfg.time_budget_s,
+        eval_every_s=cfg.eval_every_s,
         callbacks=run_callbacks(parts, comm, writer),
         comm=comm,
         base_norm=base_norm,
@@ -435,7 +445,7 @@ def train(cfg: DictConfig) -> float | list[float]:
     stateful = parts.stateful
     output_dir = Path(cfg.output_dir)
     config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    run_wide = {"generations": cfg.generations, "eval_every": cfg.eval_every}
+    run_wide = {k: cfg[k] for k in ("generations", "eval_every", "time_budget_s", "eval_every_s")}
     data = agreement.data_fingerprints(parts.task, cfg.generations, parts.extra_evals)
     agreed = run_identity(config) | run_identity(config, ("extra_evals",)) | run_wide
     agreement.check_ranks_agree(comm, agreed, data)

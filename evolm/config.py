@@ -131,6 +131,8 @@ class Config:
     seed: int = 0
     generations: int = 50
     eval_every: int = 10
+    time_budget_s: float | None = None
+    eval_every_s: float | None = None
     output_dir: str = MISSING
     optimized_metric: Any = M.EVAL_REWARD  # a name, or a list of names (multi-objective)
     tags: list[str] = field(default_factory=list)

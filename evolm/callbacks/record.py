@@ -35,6 +35,7 @@ class GenerationRecord:
     score_s: float = 0.0
     es_s: float = 0.0
     generation_s: float = 0.0
+    train_s: float | None = None  # the run's training time so far (the loop's TrainClock)
     engine_timings: Mapping[str, float] = field(default_factory=dict)
     comm_s: float | None = None  # distributed runs: all-gather + mean check (None: one process)
     diagnostics: Mapping[str, float] = field(default_factory=dict)  # evolm.diagnostics
@@ -73,6 +74,7 @@ class GenerationRecord:
             **{M.engine_time(k): v for k, v in self.engine_timings.items()},
             M.ES_S: self.es_s,
             M.GENERATION_S: self.generation_s,
+            **({} if self.train_s is None else {M.TRAIN_S: self.train_s}),
             **({} if self.comm_s is None else {M.COMM_S: self.comm_s}),
             **self.eval,
         }

@@ -1,0 +1,123 @@
+"""The GRPO baseline and the ES-vs-GRPO comparison (``baselines/``) on the countdown tiny model,
+CPU: the exact commands ``python -m baselines.compare`` runs, two updates each, then its report.
+
+Not a measurement: it checks that GRPO trains through TRL on evolm's task (its reward is the
+task's, its LoRA moves), that both runs write the same ``eval/*`` keys from the same start, and
+that the comparison draws its figure and table from the two run directories.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from baselines import compare, grpo, grpo_budget
+from baselines.grpo_data import TaskReward
+from evolm import metrics as M
+from evolm.loop import TrainClock
+from evolm.task.countdown import Countdown
+from evolm.task.countdown_reward import countdown_reward
+from tests.helpers import REPO, read_results
+
+SHARED = [  # evolm overrides both runs get: two updates, an eval after each
+    "task=countdown",
+    "task.max_new_tokens=48",
+    "task.eval_samples=12",
+    "task.samples_per_generation=2",
+    "es.population_size=4",
+    "generations=2",
+]
+GRPO = ["grpo.num_generations=4", "grpo.micro_batch=8", "grpo.learning_rate=0.01"]
+ANSWER = "<think> 3 + 4 = 7 </think>\n<answer> 3 + 4 </answer>"
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory, countdown_model_dir: str) -> Path:
+    """``<out>/es`` and ``<out>/grpo`` from compare's own command lines (ES in a subprocess,
+    as compare runs it; GRPO in this process), then compare's report of them."""
+    out = tmp_path_factory.mktemp("compare")
+    settings, grpo_args, evolm_args = compare.split_args(
+        [*SHARED, *GRPO, "budget_minutes=60", "eval_every_minutes=0.00001", f"out={out}"]
+    )
+    commands = compare.commands(settings, grpo_args, evolm_args, out)
+    env_es = subprocess.run(commands["es"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert env_es.returncode == 0, (env_es.stdout + env_es.stderr)[-3000:]
+    assert grpo.main(commands["grpo"][3:]) == 0
+    assert compare.main(["report_only=true", f"out={out}", *SHARED]) == 0
+    return out
+
+
+def test_grpo_trains_on_the_tasks_reward_and_moves_its_lora(compared: Path) -> None:
+    records = read_results(compared / "grpo")
+    assert [r["generation"] for r in records] == [0, 1, 2]
+    for r in records[1:]:  # what TRL optimised is what evolm's task scored
+        assert r["grpo/reward"] == pytest.approx(r[M.FITNESS_MEAN], abs=1e-6)
+        assert r[M.train_score("format_reward")] > 0 and r["train/tokens"] > 0
+        assert r[M.TRAIN_S] > 0 and M.EVAL_REWARD in r  # an eval at every mark
+    weights = load_file(str(compared / "grpo" / "adapter" / "adapter_model.safetensors"))
+    b = [w for k, w in weights.items() if "lora_B" in k]
+    assert b and max(w.abs().max().item() for w in b) > 0  # peft starts B at 0
+
+
+def test_both_runs_write_the_same_eval_keys_from_the_same_start(compared: Path) -> None:
+    es, grpo_records = read_results(compared / "es"), read_results(compared / "grpo")
+    keys = {k for k in es[0] if k.startswith("eval/")}
+    assert {M.eval_score("accuracy"), "eval/accuracy_beyond_shortcuts", M.EVAL_KL_MEAN} <= keys
+    assert {k for k in grpo_records[0] if k.startswith("eval/")} == keys
+    for key in (M.EVAL_REWARD, M.eval_score("accuracy"), "eval/completion_tokens"):
+        assert grpo_records[0][key] == es[0][key], key  # one model, one evaluator
+    assert [r["generation"] for r in es if M.EVAL_REWARD in r] == [0, 1, 2]
+    assert all(M.TRAIN_S in r for r in es[1:])
+    for method in ("es", "grpo"):
+        peak = json.loads((compared / method / "peak_memory.json").read_text())
+        assert peak["device"] == "cpu" and peak["peak_gb"] > 0
+
+
+def test_compare_draws_its_figure_and_table_from_both_runs(compared: Path) -> None:
+    assert (compared / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    table = (compared / "comparison.md").read_text()
+    assert "| | ES | GRPO |" in table and "accuracy beyond shortcuts" not in table.split("|")[0]
+    summary = {s["method"]: s for s in json.loads((compared / "comparison.json").read_text())}
+    assert summary.keys() == {"es", "grpo"}
+    assert summary["es"]["updates"] == summary["grpo"]["updates"] == 2
+    assert summary["es"]["tokens"] > 0 and summary["grpo"]["tokens"] > 0
+    assert "final eval/accuracy_beyond_shortcuts" in summary["grpo"]
+
+
+def test_the_reward_is_the_tasks_on_the_text_up_to_the_stop_string() -> None:
+    task = Countdown(generate_count=40, train_size=20, stop=["</answer>"])
+    example = task.train[0]
+    numbers, target = example.reference["numbers"], example.reference["target"]
+    texts = [ANSWER, ANSWER + " and then <answer> 1 </answer>", "no answer"]
+    reward = TaskReward(task, task.train, eos_ids=[0], max_tokens=4)
+    got = reward([""] * 3, texts, [[5, 6, 0], [5, 6, 7, 8], [5]], example=[0, 0, 0])
+    want = [countdown_reward(ANSWER, numbers, target)["reward"]] * 2
+    assert got == [*want, countdown_reward("no answer", numbers, target)["reward"]]
+    stats = reward.drain()  # EOS not counted; the 4-token row ran out of budget
+    assert (
+        stats["train/tokens"] == 2 + 4 + 1 and stats[M.train_diagnostic("truncated_share")] == 1 / 3
+    )
+    assert reward.drain() == {}
+
+
+def test_the_budget_stops_grpo_after_the_step_that_reaches_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(grpo_budget, "adapter_tensors", lambda model, layout: [torch.zeros(1)])
+    evals: list[int] = []
+    callback = grpo_budget.BudgetCallback(
+        TrainClock(budget_s=1e-9), lambda t: evals.append(1) or {M.EVAL_REWARD: 0.5}, None,
+        TaskReward(Countdown(generate_count=40, train_size=20), [], [], 8), tmp_path, 100,
+    )  # fmt: skip
+    control = SimpleNamespace(should_training_stop=False)
+    callback.on_train_begin(None, None, control, model=None)
+    callback.on_step_end(None, SimpleNamespace(global_step=1), control, model=None)
+    callback.on_train_end(None, None, control)
+    assert control.should_training_stop and len(evals) == 2  # the start's and the last step's
+    assert [r["generation"] for r in read_results(tmp_path)] == [0, 1]
