@@ -109,18 +109,21 @@ def test_bad_device_and_dtype_are_config_errors(tiny_model_dir: str) -> None:
             LocalEngine(tiny_model_dir, layout, device="cuda")
 
 
-def test_generate_rows_equals_the_population_rows(engine: LocalEngine) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "hf-path"])
+def test_generate_rows_equals_the_population_rows(
+    engine: LocalEngine, tiny_model_dir: str, fast: bool
+) -> None:
     """Any shard of (member, prompt) rows, in any order, gets exactly the completions those
-    rows get in the whole population's generation (greedy, CPU)."""
-    from evolm.engine.base import Engine
-
+    rows get in the whole population's generation (greedy, CPU): the fast path in one call,
+    the HF path one call per set of members answering the same prompts."""
+    if not fast:
+        engine = LocalEngine(tiny_model_dir, engine.layout, device="cpu", fast=False)
     pop = population(engine, 3)
     prompts = [*PROMPTS, "Why?"]
     sampling = Sampling(max_new_tokens=10)
     whole = engine.generate(prompts, pop, sampling, seed=0)
     rows = [(m, p) for m in range(3) for p in range(4)]
     for shard in (rows[0::2], rows[1::2], rows[5:], [(2, 3), (0, 0), (1, 2)]):
-        got = Engine.generate_rows(engine, prompts, pop, shard, sampling, seed=0)
-        assert got == [whole[m][p] for m, p in shard]
-        # the engine's own: continuous batching takes the shard's rows in one call
-        assert engine.generate_rows(prompts, pop, shard, sampling, seed=0) == got
+        assert engine.generate_rows(prompts, pop, shard, sampling, seed=0) == [
+            whole[m][p] for m, p in shard
+        ]

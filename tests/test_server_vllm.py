@@ -99,7 +99,10 @@ class Recorder(Engine):
     def format_chat(self, messages: Any) -> str:
         return self.engine.format_chat(messages)
 
-    def generate(self, *args: Any) -> list[list[str]]:
+    def generate_rows(self, *args: Any) -> list[str]:
+        return self.engine.generate_rows(*args)
+
+    def generate(self, *args: Any) -> list[list[str]]:  # what the loop's evaluate calls
         self.outputs.append(self.engine.generate(*args))
         return self.outputs[-1]
 

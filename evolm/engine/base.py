@@ -1,11 +1,11 @@
 """The Engine protocol: evaluate a whole population of LoRA adapters in one go.
 
 Every engine, in-process (:mod:`evolm.engine.local`) or a client of a remote server
-(:mod:`evolm.server`), subclasses :class:`Engine`: the three required methods have no default,
-the optional hooks (:attr:`Engine.last_timings`, :meth:`Engine.use_layout`) have no-op ones, so
-callers use them without probing (:meth:`Engine.kl_to_base` too: None where unsupported;
-:meth:`Engine.update_base_weights`, for ``es.mean=full``, raises a ConfigError where
-unsupported).
+(:mod:`evolm.server`), subclasses :class:`Engine`: the required methods (``format_chat``,
+``generate_rows``, ``close``) have no default, the optional hooks (:attr:`Engine.last_timings`,
+:meth:`Engine.use_layout`) have no-op ones, so callers use them without probing
+(:meth:`Engine.kl_to_base` too: None where unsupported; :meth:`Engine.update_base_weights`,
+for ``es.mean=full``, raises a ConfigError where unsupported).
 """
 
 from __future__ import annotations
@@ -62,21 +62,6 @@ class Completion(str):
         return (Completion, args)
 
 
-def every_member(
-    engine: Engine,
-    prompts: Sequence[str],
-    adapters: LoraPopulation | None,
-    sampling: Sampling,
-    seed: int,
-) -> list[list[str]]:
-    """Every member x every prompt through ``engine.generate_rows`` (rows member-major), one
-    list of completions per member: :meth:`Engine.generate` for engines that batch rows."""
-    members, n = (1 if adapters is None else len(adapters)), len(prompts)
-    rows = [(m, p) for m in range(members) for p in range(n)]
-    texts = engine.generate_rows(prompts, adapters, rows, sampling, seed)
-    return [texts[m * n : (m + 1) * n] for m in range(members)]
-
-
 def group_rows(rows: Sequence[Row]) -> dict[tuple[int, ...], list[int]]:
     """``(member, prompt)`` rows as {prompts: the members that answer exactly those prompts}:
     one batch per key (a contiguous or strided shard of the rows gives one to three keys)."""
@@ -95,10 +80,11 @@ def completion_info(text: str) -> tuple[int | None, bool | None]:
 
 
 class Engine(Protocol):
-    """Generates completions for every (member, prompt) pair of a population.
+    """Generates completions for (member, prompt) rows of a population.
 
-    ``generate`` returns ``out[m][p]``: member ``m``'s completion (text only, no prompt) for
-    ``prompts[p]``. ``adapters=None`` means the base model alone (one "member").
+    The one required generation method is :meth:`generate_rows`; :meth:`generate` (every
+    member x every prompt, ``out[m][p]``) is defined once here, as one call of it.
+    ``adapters=None`` means the base model alone (one "member").
     """
 
     layout: LoraLayout
@@ -106,12 +92,6 @@ class Engine(Protocol):
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         """Render chat messages with the model's chat template, ending in the assistant header."""
         ...
-
-    def generate(
-        self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
-    ) -> list[list[str]]: ...
-
-    def close(self) -> None: ...
 
     def generate_rows(
         self,
@@ -121,21 +101,22 @@ class Engine(Protocol):
         sampling: Sampling,
         seed: int,
     ) -> list[str]:
-        """Completions of the ``(member, prompt)`` pairs ``rows``, in their order: a shard of
-        a population's rows (``adapters=None``: member 0 is the base model).
+        """Completions of the ``(member, prompt)`` pairs ``rows``, in their order, whatever
+        members they mix (``adapters=None``: member 0 is the base model): a process's shard of
+        a population's rows, or all of them."""
+        ...
 
-        This default groups the rows by member and calls :meth:`generate` once per set of
-        members that answer the same prompts (a contiguous or strided shard: one to three
-        calls). Engines that batch rows natively override it.
-        """
-        groups = group_rows(rows)
-        done: dict[Row, str] = {}
-        for chosen, members in groups.items():
-            sub = None if adapters is None else adapters.subset(members)
-            out = self.generate([prompts[p] for p in chosen], sub, sampling, seed)
-            for member, texts in zip(members, out, strict=True):
-                done.update({(member, p): text for p, text in zip(chosen, texts, strict=True)})
-        return [done[(m, p)] for m, p in rows]
+    def close(self) -> None: ...
+
+    def generate(
+        self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
+    ) -> list[list[str]]:
+        """``out[m][p]``: member ``m``'s completion (text only) of ``prompts[p]``, every member x
+        every prompt as one :meth:`generate_rows` (rows member-major)."""
+        members, n = (1 if adapters is None else len(adapters)), len(prompts)
+        rows = [(m, p) for m in range(members) for p in range(n)]
+        texts = self.generate_rows(prompts, adapters, rows, sampling, seed)
+        return [texts[m * n : (m + 1) * n] for m in range(members)]
 
     # -- optional hooks (no-op defaults) ----------------------------------------------------
     @property

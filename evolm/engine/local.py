@@ -38,7 +38,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evolm.engine.base import Completion, Engine, Row, chat_prompt, every_member
+from evolm.engine.base import Completion, Engine, Row, chat_prompt, group_rows
 from evolm.engine.fast.fp8 import fp8_shape_problem
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
@@ -252,14 +252,6 @@ class LocalEngine(Engine):
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return chat_prompt(self.tokenizer, messages)
 
-    def generate(
-        self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
-    ) -> list[list[str]]:
-        """Every member x every prompt (a convenience over :meth:`generate_rows`)."""
-        if self.scheduler is None:
-            return self._generate_members(prompts, adapters, sampling, seed)
-        return every_member(self, prompts, adapters, sampling, seed)
-
     def generate_rows(
         self,
         prompts: Sequence[str],
@@ -270,10 +262,17 @@ class LocalEngine(Engine):
     ) -> list[str]:
         """Completions of the ``(member, prompt)`` pairs ``rows``, in their order: the one text
         entry point. The fast path takes rows of any members in any order in one call; the HF
-        path groups them by member (:meth:`Engine.generate_rows`), in chunks of whole members
-        of at most ``max_batch_rows`` rows."""
+        path groups them by the prompts they answer (:func:`group_rows`: one to three groups
+        for a shard) and generates each group's members in chunks of whole members of at most
+        ``max_batch_rows`` rows."""
         if self.scheduler is None:
-            return super().generate_rows(prompts, adapters, rows, sampling, seed)
+            done: dict[Row, str] = {}
+            for chosen, members in group_rows(rows).items():
+                sub = None if adapters is None else adapters.subset(members)
+                out = self._generate_members([prompts[p] for p in chosen], sub, sampling, seed)
+                for m, texts in zip(members, out, strict=True):
+                    done.update({(m, p): text for p, text in zip(chosen, texts, strict=True)})
+            return [done[row] for row in rows]
         enc = self.tokenizer([prompts[p] for _, p in rows], return_tensors="pt", padding=True)
         member = torch.tensor([m for m, _ in rows], dtype=torch.long)
         generator = torch.Generator(self.device).manual_seed(seed)
@@ -418,7 +417,7 @@ class LocalEngine(Engine):
         if self.scheduler is not None:
             self._match_quantization()
             lora = None if adapters is None else self.load_fast_lora(adapters)
-            return self.scheduler.generate(
+            return self.scheduler.run(
                 input_ids,
                 attention_mask,
                 member,

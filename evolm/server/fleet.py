@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from evolm.engine.base import Engine, Row, every_member
+from evolm.engine.base import Engine, Row
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
 from evolm.server.remote import map_all
@@ -80,11 +80,6 @@ class Fleet(Engine):
 
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return self.engines[0].format_chat(messages)
-
-    def generate(
-        self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
-    ) -> list[list[str]]:
-        return every_member(self, prompts, adapters, sampling, seed)
 
     def generate_rows(
         self,

@@ -45,7 +45,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from transformers import AutoTokenizer
 
-from evolm.engine.base import Engine, Row, chat_prompt, every_member
+from evolm.engine.base import Engine, Row, chat_prompt
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
@@ -249,12 +249,6 @@ class RemoteEngine(Engine):
     def adapter_dtype(self) -> torch.dtype:
         """The dtype adapters are written in (fp32 unless a server says otherwise)."""
         return torch.float32
-
-    def generate(
-        self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
-    ) -> list[list[str]]:
-        """``out[m][p]``: every member x every prompt as one :meth:`generate_rows`."""
-        return every_member(self, prompts, adapters, sampling, seed)
 
     def generate_rows(
         self,

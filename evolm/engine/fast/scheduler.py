@@ -171,7 +171,7 @@ class Scheduler:
 
     # -- generation ----------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(
+    def run(
         self,
         input_ids: Tensor,
         attention_mask: Tensor,
