@@ -18,16 +18,16 @@ from omegaconf import DictConfig
 
 import evolm.config  # noqa: F401  (registers the schemas and resolvers)
 from evolm.__main__ import CONF_DIR
-from evolm.app import (
+from evolm.app.build import (
     Builder,
     build_server,
     build_task,
-    check_run_keys,
     checked_engine,
     load_layout,
     local_model_dir,
 )
-from evolm.app import resolve_model as resolve_model_path
+from evolm.app.build import resolve_model as resolve_model_path
+from evolm.app.checks import check_run_keys
 from evolm.compose_check import check_command_line
 from evolm.engine.base import Engine
 from evolm.errors import ConfigError

@@ -8,13 +8,12 @@ touching the loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-
-from torch import Tensor
 
 from evolm import metrics as M
 from evolm.callbacks.base import Callback, RunContext, Sample, latest_eval
@@ -24,7 +23,6 @@ from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
 from evolm.es import ES, ESState, Population, TellStats
-from evolm.es.lowrank import FullES
 from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
 from evolm.interrupt import deferred
 from evolm.lora.layout import LoraLayout, LoraPopulation
@@ -69,7 +67,7 @@ def eval_metrics(
     return metrics, ev
 
 
-def check_finite_mean(mean_norm: float, generation: int, strategy: ES | FullES) -> None:
+def check_finite_mean(mean_norm: float, generation: int, strategy: ES) -> None:
     """Stop the run (before the generation is logged or checkpointed) once the ES mean holds a
     NaN or an infinity: every later generation, checkpoint and adapter would be garbage."""
     if not math.isfinite(mean_norm):
@@ -123,7 +121,7 @@ class ESLoop:
     seconds of training time instead) and at the end. With ``time_budget_s`` it ends after the
     first generation that brings the training time (:class:`TrainClock`) to the budget."""
 
-    strategy: ES | FullES  # FullES: es.mean=full, the engine's base weights are the mean
+    strategy: ES  # or a subclass (es.mean=full's FullES: the engine's base weights are the mean)
     task: Task
     engine: Engine
     layout: LoraLayout
@@ -140,7 +138,7 @@ class ESLoop:
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
-        mean = LoraPopulation.single(self.layout, self.mean_adapter(state))
+        mean = LoraPopulation.single(self.layout, self.strategy.mean_adapter(state))
         metrics, ev = eval_metrics(
             self.engine,
             self.task,
@@ -148,7 +146,7 @@ class ESLoop:
             self.seed,
             self.comm,
             self.extra_evals,
-            kl=not self.full,  # full: the engine's base IS the mean, its KL to itself is moot
+            kl=not self.strategy.moves_base,  # a base that IS the mean: its KL to itself is moot
         )
         examples = self.task.eval_examples()
         mine = self.comm.shard(range(len(examples)))  # the rows this process generated
@@ -162,30 +160,17 @@ class ESLoop:
         ]
         return {**metrics, M.EVAL_S: time.perf_counter() - start}, samples
 
-    @property
-    def full(self) -> bool:
-        """``es.mean=full``: the mean is the base weights, members are low-rank perturbations."""
-        return isinstance(self.strategy, FullES)
-
-    def mean_adapter(self, state: ESState) -> list[Tensor]:
-        """The mean as an adapter: the ES mean (lora), or zeros (full: the base is the mean)."""
-        if isinstance(self.strategy, FullES):
-            return self.strategy.zero_adapter(state)
-        return state.mean
-
-    def weight_change(
-        self, before: ESState, after: ESState, stats: TellStats | None = None
-    ) -> dict[str, float]:
+    def weight_change(self, before: ESState, after: ESState, stats: TellStats) -> dict[str, float]:
         """es/update_rel and es/mean_rel (:mod:`evolm.lora.norms`): the update's and the mean's
-        change to the adapted weights, relative to them (none without ``base_norm``; full mode:
-        update_rel alone, from ``stats``)."""
+        change to the adapted weights, relative to them (none without ``base_norm``; the mean's
+        only where the strategy knows it: :meth:`ES.weight_change`)."""
         if not self.base_norm:
             return {}
-        if self.full:
-            return {} if stats is None else {M.UPDATE_REL: stats.update_norm / self.base_norm}
-        step = delta_norm(self.layout, after.mean, before.mean)
-        total = delta_norm(self.layout, after.mean, None)
-        return {M.UPDATE_REL: step / self.base_norm, M.MEAN_REL: total / self.base_norm}
+        step, total = self.strategy.weight_change(
+            before, after, stats, functools.partial(delta_norm, self.layout)
+        )
+        out = {M.UPDATE_REL: step / self.base_norm}
+        return out if total is None else {**out, M.MEAN_REL: total / self.base_norm}
 
     def step(self, state: ESState) -> tuple[ESState, GenerationRecord]:
         """One generation: returns the new state and its record (without eval metrics)."""
@@ -200,11 +185,12 @@ class ESLoop:
         )
         told = time.perf_counter()
         timings = dict(self.engine.last_timings)  # prefill/decode; servers: adapter I/O
-        with deferred():  # full mode folds in place: the master and the engine move together
+        with deferred():  # a tell in place (full mode): the mean and the engine move together
             state, stats = self.strategy.tell(state, pop, ev.fitness)
-            if isinstance(self.strategy, FullES) and math.isfinite(stats.mean_norm):
+            base = self.strategy.served_base(state)
+            if base is not None and math.isfinite(stats.mean_norm):
                 refresh = time.perf_counter()
-                self.engine.update_base_weights(self.strategy.named(state))
+                self.engine.update_base_weights(base)
                 timings["base_update_s"] = time.perf_counter() - refresh
         check_finite_mean(stats.mean_norm, generation, self.strategy)
         checked = time.perf_counter()

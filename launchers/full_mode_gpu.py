@@ -66,7 +66,7 @@ def setup(
     spec = LoraSpec(rank=rank, alpha=2.0 * rank, target_layers=layers)
     layout = LoraLayout.from_hf_config(model.config, spec)
     names = tuple(f"{t.path}.weight" for t in layout.targets)
-    strat = FullES(es, rank=rank, lora_scaling=layout.scaling, names=names)
+    strat = FullES.of(es, rank=rank, lora_scaling=layout.scaling, names=names)
     weights = [model.get_parameter(n).detach() for n in names]
     state = strat.init(weights, seed=0)
     return strat, state, layout

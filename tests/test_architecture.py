@@ -6,6 +6,7 @@ alike), so a rule broken anywhere in a module fails here, in CI.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -155,7 +156,8 @@ def test_only_evaluate_and_its_callers_know_an_engine_and_a_task(
         and graph.find_modules_directly_imported_by(m) & task
         and not m.startswith(("evolm.engine", "evolm.server", "evolm.task"))
     }
-    assert both <= {"evolm.evaluate", "evolm.loop", "evolm.limits", "evolm.app"}, sorted(both)
+    passers = {"evolm.evaluate", "evolm.loop", "evolm.limits"} | within(graph, "evolm.app")
+    assert both <= passers, sorted(both)
 
 
 CONFIG_READERS = (
@@ -182,13 +184,13 @@ def test_only_the_composition_root_reads_the_config(graph: grimp.ImportGraph) ->
     }
     assert not outside, f"only the composition root reads the config: {sorted(outside)}"
     assert graph.find_modules_that_directly_import("evolm.config") <= {
-        "evolm.app",
+        "evolm.app.resume",  # a resumed run's config.yaml, checked against the schema
         "evolm.__main__",
     }
 
 
 def test_nothing_points_up(graph: grimp.ImportGraph) -> None:
-    """The composition root is imported by the CLI alone, the loop by the root alone,
+    """The composition root is imported by the CLI alone, the loop by the root's run alone,
     evaluate by the loop alone."""
     importers = {
         name: {
@@ -199,7 +201,7 @@ def test_nothing_points_up(graph: grimp.ImportGraph) -> None:
     }
     assert importers == {
         "evolm.app": {"evolm.__main__"},
-        "evolm.loop": {"evolm.app"},
+        "evolm.loop": {"evolm.app.run"},
         "evolm.evaluate": {"evolm.loop"},
         "evolm.sweep": {"evolm.__main__"},
     }
@@ -248,3 +250,77 @@ def test_composing_the_default_config_imports_only_what_it_uses() -> None:
     unused = {"evolm.server.sglang", "evolm.server.vllm", "evolm.task.countdown"}
     assert not loaded & unused, sorted(loaded & unused)
     assert "transformers" not in loaded and "mlflow" not in loaded
+
+
+# What ES moves (es.mean) is asked in one place: the strategy factory (evolm.app.modes), beside
+# the strategy classes themselves (evolm.es) and the config checks (evolm.app.checks).
+WHO_MAY_ASK_THE_MODE = ("evolm.es", "evolm.app.modes", "evolm.app.checks")
+
+
+def mode_questions(tree: ast.AST) -> list[int]:
+    """Lines that ask which update rule is in use: ``x.mean == "full"`` (or ``!=``, "lora"),
+    ``x.get("mean", ...)``, ``isinstance(x, FullES)``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named = any(isinstance(x, ast.Attribute) and x.attr == "mean" for x in sides)
+            mode = any(isinstance(x, ast.Constant) and x.value in ("full", "lora") for x in sides)
+            if named and mode:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call):
+            f = node.func
+            asks_get = (
+                isinstance(f, ast.Attribute)
+                and f.attr == "get"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == "mean"
+            )
+            asks_type = (
+                isinstance(f, ast.Name)
+                and f.id == "isinstance"
+                and len(node.args) == 2
+                and "FullES" in ast.unparse(node.args[1])
+            )
+            if asks_get or asks_type:
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_only_the_strategy_factory_asks_what_es_moves() -> None:
+    """No code outside the strategy classes, the strategy factory and the config checks asks
+    whether the run is ``es.mean=full`` or ``lora``: the loop and the run call the strategy's
+    protocol and the run's :class:`evolm.app.modes.Mode`."""
+    found = {}
+    for path in sorted((REPO / "evolm").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        if any(module == m or module.startswith(m + ".") for m in WHO_MAY_ASK_THE_MODE):
+            continue
+        lines = mode_questions(ast.parse(path.read_text()))
+        if lines:
+            found[module] = lines
+    assert not found, f"these ask which update rule is in use (module: lines): {found}"
+
+
+def test_the_mode_question_is_seen_where_it_is_asked() -> None:
+    """The check above finds each form it looks for (it could not pass by finding nothing)."""
+    code = (
+        'if es.mean == "full": pass\n'
+        'if cfg.es.get("mean", "lora") != "full": pass\n'
+        "if isinstance(s, FullES): pass\n"
+        "if es.population_size == 2: pass\n"
+    )
+    assert mode_questions(ast.parse(code)) == [1, 2, 3]
+
+
+def test_nothing_above_the_engine_reaches_into_the_fast_path(graph: grimp.ImportGraph) -> None:
+    """The scheduler, runner and workspaces of ``evolm.engine.fast`` are the local engine's:
+    nothing outside ``evolm.engine`` imports them (the SGLang stand-in, a test double, reads
+    the fast path's merged weights to serve exactly what the local engine serves)."""
+    outside = {
+        a
+        for a, _ in edges(graph, "evolm", "evolm.engine.fast")
+        if not a.startswith(("evolm.engine", "evolm.testing"))
+    }
+    assert not outside, sorted(outside)

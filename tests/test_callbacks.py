@@ -10,7 +10,8 @@ import pytest
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from evolm.app import resumed_config, train
+from evolm.app import train
+from evolm.app.resume import resumed_config
 from evolm.callbacks import Callback
 from evolm.errors import ConfigError
 from evolm.trust import MOVED

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from evolm.app import Builder, train
+from evolm.app import train
+from evolm.app.build import Builder
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.model.gguf_weights import MODELS, locate

@@ -32,7 +32,7 @@ SHAPES = [(24, 16), (16, 40), (40, 16)]
 def full_es(rank: int = 4, **kw: object) -> FullES:
     es = ES(**{"population_size": 8, "sigma": 0.01, "alpha": 0.5, "mean": "full", **kw})
     names = tuple(f"w{k}.weight" for k in range(len(SHAPES)))
-    return FullES(es, rank=rank, lora_scaling=2.0, names=names, chunk=3)
+    return FullES.of(es, rank=rank, lora_scaling=2.0, names=names, chunk=3)
 
 
 def weights(seed: int = 0) -> list[torch.Tensor]:
@@ -102,7 +102,7 @@ def _weights(strat: FullES, pop, fitness) -> dict[int, float]:  # type: ignore[n
 
     out: dict[int, float] = {}
     for s, sign, z in zip(
-        pop.seeds, pop.signs, SHAPINGS[strat.es.shaping](fitness).tolist(), strict=True
+        pop.seeds, pop.signs, SHAPINGS[strat.shaping](fitness).tolist(), strict=True
     ):
         out[s] = out.get(s, 0.0) + sign * z
     return out

@@ -29,7 +29,9 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from evolm import checkpoint as ck
-from evolm.app import Builder, load_run_config, train
+from evolm.app import train
+from evolm.app.build import Builder
+from evolm.app.resume import load_run_config
 from evolm.callbacks import RunContext
 from evolm.callbacks.checkpoint import Checkpointer
 from evolm.config import run_dir

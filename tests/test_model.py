@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from evolm.app import resolve_model
+from evolm.app.build import resolve_model
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
 from evolm.model.gguf_weights import MODELS, locate

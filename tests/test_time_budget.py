@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoConfig
 
 from evolm import metrics as M
-from evolm.app import check_run_keys
+from evolm.app.checks import check_run_keys
 from evolm.callbacks import GenerationRecord, RunContext
 from evolm.callbacks.results import ResultsWriter
 from evolm.engine.local import LocalEngine

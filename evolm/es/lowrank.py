@@ -34,8 +34,9 @@ written from it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -59,39 +60,36 @@ def module_noise(
 
 
 @dataclass(frozen=True)
-class FullES:
+class FullES(ES):
     """ES over full weights with rank-``rank`` members (see the module docstring).
 
-    ``es`` holds the hyperparameters (population, sigma, alpha, antithetic, shaping, update,
-    optimizer, weight decay, Adam's betas); ``names`` names each mean tensor (the parameter,
-    e.g. ``model.layers.0.self_attn.q_proj.weight``); ``lora_scaling`` is the serving layout's
-    ``alpha / rank``; ``chunk`` seeds go into one GEMM of :meth:`tell`.
+    The hyperparameters (population, sigma, alpha, antithetic, shaping, update, optimizer,
+    weight decay, Adam's) are :class:`ES`'s, and so are :meth:`ask` and the protocol's other
+    methods; ``names`` names each mean tensor (the parameter, e.g.
+    ``model.layers.0.self_attn.q_proj.weight``); ``lora_scaling`` is the serving layout's
+    ``alpha / rank``; ``chunk`` seeds go into one GEMM of :meth:`tell`. :meth:`of` builds one
+    from an :class:`ES` of the same hyperparameters.
     """
 
-    es: ES
-    rank: int
-    lora_scaling: float
-    names: tuple[str, ...]
+    mean: str = "full"
+    rank: int = 1
+    lora_scaling: float = 1.0
+    names: tuple[str, ...] = ()
     chunk: int = 32
     member_dtype: torch.dtype | None = None
     """The dtype :meth:`sample` returns by default (None: fp32); the composition root sets the
     engine's (bf16 on GPUs: a 7B population of 256 at rank 16 is 20 GB instead of 41 GB)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.rank < 1 or self.chunk < 1 or not self.lora_scaling > 0:
             raise ValueError(f"rank {self.rank}, chunk {self.chunk}, scaling {self.lora_scaling}")
 
-    @property
-    def population_size(self) -> int:
-        return self.es.population_size
-
-    @property
-    def sigma(self) -> float:
-        return self.es.sigma
-
-    @property
-    def alpha(self) -> float:
-        return self.es.alpha
+    @classmethod
+    def of(cls, es: ES, **serving: Any) -> FullES:
+        """``es``'s hyperparameters with full mode's serving fields (``rank``, ``names``...)."""
+        hyper = {f.name: getattr(es, f.name) for f in fields(ES)}
+        return cls(**{**hyper, "mean": "full", **serving})
 
     def init(
         self,
@@ -107,14 +105,27 @@ class FullES:
             raise ValueError(f"{len(mean)} weights for {len(self.names)} names")
         if any(m.dim() != 2 for m in mean):
             raise ValueError("full mode's mean tensors are weight matrices [out, in]")
-        return self.es.init(mean, seed, scales, noise_device=noise_device)
+        return super().init(mean, seed, scales, noise_device=noise_device)
 
-    def ask(self, state: ESState) -> Population:
-        return self.es.ask(state)
+    moves_base = True  # the engine's base weights are the mean
 
     def named(self, state: ESState) -> dict[str, Tensor]:
         """The master weights by parameter name (the tensors themselves, not copies)."""
         return dict(zip(self.names, state.mean, strict=True))
+
+    def served_base(self, state: ESState) -> dict[str, Tensor] | None:
+        """The master weights by parameter name: what the engine serves after every tell."""
+        return self.named(state)
+
+    def weight_change(
+        self,
+        before: ESState,
+        after: ESState,
+        stats: TellStats,
+        adapter_norm: Callable[[Sequence[Tensor], Sequence[Tensor] | None], float],
+    ) -> tuple[float, float | None]:
+        """``(update, None)``: the tell's own update norm (``before`` was updated in place)."""
+        return stats.update_norm, None
 
     def factor_shapes(self, state: ESState) -> list[tuple[int, int]]:
         """The members' LoRA factor shapes, ``A [r, in]`` then ``B [out, r]`` per module."""
@@ -123,7 +134,7 @@ class FullES:
             out += [(self.rank, m.shape[1]), (m.shape[0], self.rank)]
         return out
 
-    def zero_adapter(
+    def mean_adapter(
         self, state: ESState, device: torch.device | str | None = None
     ) -> list[Tensor]:
         """The mean's adapter: zeros (the engine's base weights are the mean)."""
@@ -189,7 +200,7 @@ class FullES:
             u = buf[:, r * cols :].view(len(part), rows, r) * w.view(-1, 1, 1)
             u = u.permute(1, 0, 2).reshape(rows, len(part) * r)  # [out, c r]
             acc.addmm_(u, v)
-        coef = _update_coef(self.es.update, self.sigma, scale, self.population_size)
+        coef = _update_coef(self.update, self.sigma, scale, self.population_size)
         return acc.mul_(coef / math.sqrt(r))
 
     def tell(self, state: ESState, pop: Population, fitness: Tensor) -> tuple[ESState, TellStats]:
@@ -197,16 +208,15 @@ class FullES:
         returns the new state (sharing the master's tensors) and the stats. ``state`` is marked
         ``consumed``."""
         _check_generation(state, pop)
-        es = self.es
         fitness = torch.as_tensor(fitness).detach().to("cpu", torch.float64).flatten()
         if fitness.numel() != len(pop):
             raise ValueError(f"got {fitness.numel()} fitness values for {len(pop)} members")
-        shaped = SHAPINGS[es.shaping](fitness).tolist()
+        shaped = SHAPINGS[self.shaping](fitness).tolist()
         weights: dict[int, float] = {}
         for seed, sign, z in zip(pop.seeds, pop.signs, shaped, strict=True):
             weights[seed] = weights.get(seed, 0.0) + sign * z
         state.consumed = True
-        adam = es.optimizer == "adam"
+        adam = self.optimizer == "adam"
         step = int(state.opt["step"]) if adam else 0
         ms, vs = (list(state.opt["m"]), list(state.opt["v"])) if adam else ([], [])
         update_sq = mean_sq = 0.0
@@ -214,15 +224,15 @@ class FullES:
             d = self.direction(state, k, weights).to(m.device)
             opt = {"step": step, "m": [ms[k]], "v": [vs[k]]} if adam else {}
             (new,), new_opt = ascend(
-                es.optimizer,
+                self.optimizer,
                 [m],
                 [d],
                 opt,
-                lr=es.alpha,
-                weight_decay=es.weight_decay,
-                beta1=es.beta1,
-                beta2=es.beta2,
-                eps=es.eps,
+                lr=self.alpha,
+                weight_decay=self.weight_decay,
+                beta1=self.beta1,
+                beta2=self.beta2,
+                eps=self.eps,
             )
             del d
             update_sq += torch.linalg.vector_norm(new - m, dtype=torch.float64).item() ** 2
@@ -252,8 +262,7 @@ class FullES:
         """Reference for tests and measurements: ``alpha * direction`` of the given modules
         (all: None) for sgd without weight decay, summed member by member in float64 from the
         dense ``[out, in]`` products (slow: small shapes only)."""
-        es = self.es
-        shaped = SHAPINGS[es.shaping](torch.as_tensor(fitness).double().cpu().flatten()).tolist()
+        shaped = SHAPINGS[self.shaping](torch.as_tensor(fitness).double().cpu().flatten()).tolist()
         gen = new_generator(state.noise_device)
         out = []
         for k in range(len(state.mean)) if modules is None else modules:
@@ -264,8 +273,8 @@ class FullES:
             for seed, sign, z in zip(pop.seeds, pop.signs, shaped, strict=True):
                 v, u = module_noise(seed, k, self.rank, m.shape, gen, flat)
                 acc += (sign * z) * (u.double() @ v.double())
-            coef = _update_coef(es.update, es.sigma, scale, es.population_size)
-            out.append(acc * (es.alpha * coef / math.sqrt(self.rank)))
+            coef = _update_coef(self.update, self.sigma, scale, self.population_size)
+            out.append(acc * (self.alpha * coef / math.sqrt(self.rank)))
         return out
 
 

@@ -20,7 +20,7 @@ seeding per seed, not per tensor); antithetic pairs share their draw.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,6 +227,34 @@ class ES:
         i = range(len(pop))[i]
         one = Population(pop.generation, pop.seeds[i : i + 1], pop.signs[i : i + 1])
         return [x[0] for x in self.sample(state, one, device=device, dtype=dtype)]
+
+    # -- how the mean is served (lora: an adapter over a fixed base) ---------------------------
+    moves_base = False
+    """Whether the engine's base weights ARE the mean (then there is no adapter to compare with
+    the base: no eval KL) rather than a fixed base the mean's adapter sits on."""
+
+    def mean_adapter(
+        self, state: ESState, device: torch.device | str | None = None
+    ) -> list[Tensor]:
+        """The adapter that serves the mean: the mean itself (a LoRA adapter)."""
+        return state.mean
+
+    def served_base(self, state: ESState) -> dict[str, Tensor] | None:
+        """The base weights the engine must serve after a tell, by parameter name: None (the
+        base never moves)."""
+        return None
+
+    def weight_change(
+        self,
+        before: ESState,
+        after: ESState,
+        stats: TellStats,
+        adapter_norm: Callable[[Sequence[Tensor], Sequence[Tensor] | None], float],
+    ) -> tuple[float, float | None]:
+        """``(update, mean)``: the norms of the update's and of the whole mean's change to the
+        adapted weights, where ``adapter_norm(a, b)`` is the norm of adapter ``a``'s weight
+        change minus ``b``'s (``b`` None: ``a``'s alone)."""
+        return adapter_norm(after.mean, before.mean), adapter_norm(after.mean, None)
 
     def tell(self, state: ESState, pop: Population, fitness: Tensor) -> tuple[ESState, TellStats]:
         """Update the mean from the fitness of ``pop`` (higher is better); returns new state, stats.
