@@ -66,7 +66,7 @@ def schema(cls: type, runtime: bool = False) -> Any:
         return builds(cls, populate_full_signature=True)
     if "options" not in inspect.signature(cls).parameters:
         return builds(cls, populate_full_signature=True, zen_partial=True, zen_exclude=RUNTIME_ARGS)
-    # a server client: its RemoteOptions' fields are flat server.* keys (evolm.app.build_server)
+    # a server client: RemoteOptions fields are flat server.* keys (evolm.app.build.build_server)
     from evolm.server.options import RemoteOptions
 
     own = builds(

@@ -12,7 +12,7 @@ The trust list is :data:`BUILTIN` plus the ``trusted_targets=[...]`` given on th
   the sweeper's sampler, logging-config factories): :func:`hydra_whitelist` is passed to
   ``@hydra.main(execution_whitelist=...)``;
 * by evolm, for every ``_target_`` in the job's config (:func:`check_config_targets`, before
-  anything is built) and again when each group is built (``evolm.app.Builder``).
+  anything is built) and again when each group is built (``evolm.app.build.Builder``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from evolm.lora import LoraLayout, LoraSpec
 from evolm.lora.layout import LoraPopulation
 from evolm.sampling import Sampling
 from evolm.server.remote import RemoteEngine
-from evolm.sweep.callback import _finite, check_objectives, check_rank_cover, search_space
+from evolm.sweep.callback import _finite, check_rank_cover, check_sweep_objectives, search_space
 from evolm.sweep.parent_run import KEY_TAG, Best
 from evolm.sweep.study import pareto, resume_seed
 from tests.helpers import CONF, compose_config, run_cli
@@ -393,12 +393,14 @@ def test_pareto_sweep_finds_the_reward_vs_kl_front(tmp_path: Path) -> None:
 
 
 def test_objectives_need_one_direction_each_and_an_engine_that_scores_kl() -> None:
-    check_objectives(sweep_config(search="es_pareto"))
-    check_objectives(sweep_config())  # one objective, one direction
+    check_sweep_objectives(sweep_config(search="es_pareto"))
+    check_sweep_objectives(sweep_config())  # one objective, one direction
     with pytest.raises(ConfigError, match=r"hydra\.sweeper\.direction: has 1 direction"):
-        check_objectives(sweep_config("hydra.sweeper.direction=[maximize]", search="es_pareto"))
+        check_sweep_objectives(
+            sweep_config("hydra.sweeper.direction=[maximize]", search="es_pareto")
+        )
     with pytest.raises(ConfigError, match="scored by the local engine only"):
-        check_objectives(sweep_config("server=sglang", search="es_pareto"))
+        check_sweep_objectives(sweep_config("server=sglang", search="es_pareto"))
 
 
 def test_pareto_keeps_the_trials_no_other_beats() -> None:

@@ -1,7 +1,7 @@
 """How evolm reaches a persistent server (``server=sglang|vllm``): one options object.
 
 The config keeps its flat keys (``server.url``, ``server.retries``, ...); the composition root
-(:func:`evolm.app.build_server`) gathers the keys named here into one :class:`RemoteOptions`
+(:func:`evolm.app.build.build_server`) gathers the keys named here into one :class:`RemoteOptions`
 and passes it to the engine (or to :func:`evolm.server.sglang.sglang_servers`, which gives
 each server of a fleet its own copy).
 """

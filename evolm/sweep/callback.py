@@ -92,7 +92,7 @@ def objectives(config: DictConfig) -> list[str]:
     return [names] if isinstance(names, str) else [str(n) for n in names]
 
 
-def check_objectives(config: DictConfig) -> None:
+def check_sweep_objectives(config: DictConfig) -> None:
     """One direction per objective; a KL objective needs an engine that scores it (local)."""
     names, ways = objectives(config), directions(config.hydra.sweeper)
     if len(names) != len(ways):
@@ -154,7 +154,7 @@ class SweepCallback(Callback):
         self.space = search_space(config)
         try:
             check_rank_cover(config, self.space)
-            check_objectives(config)
+            check_sweep_objectives(config)
             stale.check_storage(sweeper.get("storage"))
             if self.tracking_uri is not None and sweeper.get("study_name") is None:
                 raise ConfigError(

@@ -64,7 +64,6 @@ class GroupLora:
     offsets: tuple[int, ...]
     splits: tuple[int, ...]
     spare: int = 0
-    lo: int = 0
     member: Tensor | None = None
     runs: tuple[tuple[int, int, int], ...] | None = None
     tiles: Tensor | None = None
@@ -80,12 +79,6 @@ class GroupLora:
     @property
     def rank(self) -> int:
         return self.Bt.shape[1]
-
-    def sub(self, lo: int, hi: int) -> GroupLora:
-        """Members ``lo:hi`` (prefill chunks). With ``A`` in the weights the base GEMM still
-        produces every member's columns and the range reads its own: on an H200 that beat a
-        separate matmul of the range's members (0.5B shape: 17 vs 26 ms of LoRA in prefill)."""
-        return replace(self, A=self.A[lo:hi], Bt=self.Bt[lo:hi], lo=self.lo + lo)
 
 
 @dataclass(frozen=True)
@@ -142,12 +135,10 @@ def project(
             return base, None
         u = torch.bmm(x.reshape(lora.members, -1, x.shape[-1]), lora.A.mT)
         return base, RankActs(u.view(-1, lora.cols), 0)
-    # the GEMM covers the spare rows up to this range's last member (rounded to 8 for aligned
-    # rows): decode takes all members, a prefill chunk skips the members after it
-    used = -(-(lora.lo + lora.members) * lora.cols // 8) * 8
+    # the GEMM covers the spare rows of the members (rounded to 8 for aligned rows)
+    used = -(-lora.members * lora.cols // 8) * 8
     base, u = _linear(x, weight, bias, out, fp8, min(lora.spare, used))
-    first = lora.lo * lora.cols
-    return base, RankActs(u[:, first : first + lora.members * lora.cols], lora.cols)
+    return base, RankActs(u[:, : lora.members * lora.cols], lora.cols)
 
 
 def _linear(
@@ -345,10 +336,6 @@ class FastLora:
     def get(self, layer: int, group: str) -> GroupLora | None:
         return self.groups.get((layer, group))
 
-    def view(self, lo: int, hi: int) -> FastLoraView:
-        """Members ``lo:hi`` (for prefill chunks), sharing the buffers."""
-        return FastLoraView(self, lo, hi)
-
     def rows(self, member: Tensor) -> FastLoraRows:
         """Rows of any members in any order: row ``i`` is member ``member[i]``."""
         return FastLoraRows(self, member)
@@ -363,17 +350,6 @@ class FastLora:
         own = [g.Bt for g in self.groups.values()]
         own += [g.A for g in self.groups.values() if g.spare == 0]
         return sum(t.nbytes for t in own)
-
-
-class FastLoraView:
-    """A member range of a :class:`FastLora`; same ``get`` interface."""
-
-    def __init__(self, lora: FastLora, lo: int, hi: int) -> None:
-        self.lora, self.lo, self.hi = lora, lo, hi
-
-    def get(self, layer: int, group: str) -> GroupLora | None:
-        g = self.lora.get(layer, group)
-        return None if g is None else g.sub(self.lo, self.hi)
 
 
 class FastLoraRows:

@@ -15,10 +15,12 @@ per layer, a host sync, and a growing cache. This forward computes the same func
   (:mod:`evolm.engine.kernels.fused`). A LoRA layer then launches the same kernels as a base one;
 - the residual stream is updated by the norm: ``h = rmsnorm(x += y + delta)``, where ``y`` is
   the o or down output (the "pending" add of the previous block);
-- a static KV cache ``[layers, rows, kv_heads, slots, head_dim]``: prefill (last-position
-  logits only) writes slots ``0..L-1``; decode step ``t`` writes slot ``L + t`` and attends
-  over the first ``E`` slots through an additive mask, so every step has the same shapes and
-  can be replayed as a CUDA graph (:mod:`evolm.engine.fast.runner`).
+- a static KV cache ``[layers, cache rows, kv_heads, positions, head_dim]``
+  (:meth:`FastModel.new_cache`): prefill (last-position logits only) writes a row's prompt
+  into its cache row; each decode step (:meth:`FastModel.decode_slots`) writes one position per
+  row and attends over that row's own positions, so every step of a batch bucket has the same
+  shapes and can be replayed as a CUDA graph (:mod:`evolm.engine.fast.runner`), whatever the
+  rows' lengths (continuous batching: :mod:`evolm.engine.fast.scheduler`).
 
 Decode attention treats the ``g = heads / kv_heads`` query heads that share a KV head as ``g``
 query positions of that head: one SDPA call (on GPUs a Triton kernel) over the cache with no KV
@@ -38,7 +40,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from evolm.engine.fast.lora import (
     FastLora,
     FastLoraRows,
-    FastLoraView,
     GroupLora,
     RankActs,
     lora_delta,
@@ -48,7 +49,7 @@ from evolm.engine.fast.ops import Ops, default_mode
 from evolm.engine.fast.weights import Proj, unsupported_reason
 from evolm.engine.kernels import FP8_MAX
 
-LoraLike = FastLora | FastLoraView | FastLoraRows | None
+LoraLike = FastLora | FastLoraRows | None
 Pending = tuple[Tensor, RankActs | None, GroupLora | None]
 """An o / down output not yet added to the residual: ``(y, u, its group)``."""
 
@@ -306,43 +307,6 @@ class FastModel:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     # -- decode --------------------------------------------------------------------------
-    def decode(
-        self,
-        tokens: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        bias: Tensor,
-        slot: Tensor,
-        cache: KVCache,
-        lora: LoraLike,
-    ) -> Tensor:
-        """One token per row: ``tokens [R]`` at RoPE ``cos``/``sin [R, head_dim]``; K/V go to
-        cache slot ``slot`` (a 1-element device tensor); attention over the first ``E`` slots
-        with the additive ``bias [R, E]``. Returns the final-normed hidden states (for
-        :meth:`logits` or :meth:`greedy`). No host sync."""
-        rows, slots = tokens.shape[0], bias.shape[1]
-        group = self.heads // self.kv_heads
-        x = F.embedding(tokens, self.embed)
-        cos, sin, bias4 = cos[:, None], sin[:, None], bias[:, None, None]
-        pending: Pending | None = None
-        for i, w in enumerate(self.layers):
-            h = self.add_norm(x, pending, w.ln1)
-            q, k, v = self._qkv(i, w, h, lora, cos, sin, (cache.k[i], cache.v[i], slot))
-            if k is not None and v is not None:  # not written by the fused kernel
-                cache.k[i].index_copy_(2, slot, k[:, :, None])
-                cache.v[i].index_copy_(2, slot, v[:, :, None])
-            q = q.reshape(rows, self.kv_heads, group, self.head_dim)
-            kc, vc = cache.k[i, :, :, :slots], cache.v[i, :, :, :slots]
-            if self.ops.decode_attention is not None and self.decode_sdpa is None:
-                attn = self.ops.decode_attention(q, kc, vc, bias)
-            else:
-                with self._decode_backend():
-                    attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias4)
-            attn = attn.reshape(rows, self.q_out)
-            h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
-            pending = self._mlp(i, w, h, lora)
-        return self.add_norm(x, pending, self.norm)
-
     def decode_slots(
         self,
         tokens: Tensor,
