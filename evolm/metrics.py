@@ -25,7 +25,7 @@ prompts (the README's metrics table lists them all):
 
 A task's set-level numbers (its optional ``summarize`` hook, :class:`evolm.task.base.Task`)
 are diagnostics too: ``train/<name>``, ``eval/<name>``, and ``eval/<extra>/<name>`` for an
-extra eval task. Countdown's (:mod:`evolm.task.countdown_summary`) make shortcuts visible:
+extra eval task. Countdown's (:mod:`evolm.task.countdown.summary`) make shortcuts visible:
 
 - ``shortcut_accuracy``: what a template-only model would score on these puzzles (the best
   fixed operator pattern per puzzle size); ``shortcut/<template>``: what one named template

@@ -16,4 +16,4 @@ shift $(( $# < 2 ? $# : 2 ))
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "$HERE/.venv/bin/python" ]]; then PYTHON="$HERE/.venv/bin/python"; else PYTHON=python3; fi
 fi
-exec "$PYTHON" -m evolm.task.scorer_server --host "$HOST" --port "$PORT" "$@"
+exec "$PYTHON" -m evolm.task.scorer.server --host "$HOST" --port "$PORT" "$@"

@@ -48,7 +48,7 @@ NEEDS_COUNTDOWN = pytest.StashKey[bool]()
 PREBUILD = """
 import json, sys
 from evolm.model import TinyModel
-from evolm.task.countdown_warmup import CountdownWarmup
+from evolm.task.countdown.warmup import CountdownWarmup
 TinyModel(**json.loads(sys.argv[1])).resolve(warmup=CountdownWarmup())
 """
 
@@ -68,7 +68,7 @@ def countdown_prebuild(
     machine while the tests before the first user run, not the critical path."""
     from evolm.model import TinyModel
     from evolm.model.spec import is_built
-    from evolm.task.countdown_warmup import CountdownWarmup
+    from evolm.task.countdown.warmup import CountdownWarmup
 
     target = TinyModel(**COUNTDOWN_TINY).model_dir(warmup=CountdownWarmup())
     if not request.config.stash.get(NEEDS_COUNTDOWN, False) or is_built(target):
@@ -91,7 +91,7 @@ def countdown_model_dir(
     evolm_cache: Path, countdown_prebuild: subprocess.Popen[bytes] | None
 ) -> str:
     from evolm.model import TinyModel
-    from evolm.task.countdown_warmup import CountdownWarmup
+    from evolm.task.countdown.warmup import CountdownWarmup
 
     if countdown_prebuild is not None:
         countdown_prebuild.wait()  # built (or failed: the build below then says why)
@@ -155,7 +155,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path) -> None:
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[StartServer]:
-    """Start ``python -m evolm.task.scorer_server ARGS`` on a free port; returns its URL.
+    """Start ``python -m evolm.task.scorer.server ARGS`` on a free port; returns its URL.
     Every server started is terminated (and waited for) when the test ends."""
     started: list[tuple[subprocess.Popen, IO[str]]] = []
 
@@ -163,7 +163,7 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
         port = free_port()
         log_path = tmp_path / f"scorer-{port}.log"
         log = open(log_path, "w")  # noqa: SIM115  (closed at teardown)
-        cmd = [sys.executable, "-m", "evolm.task.scorer_server", "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "evolm.task.scorer.server", "--host", "127.0.0.1"]
         proc = subprocess.Popen(
             [*cmd, "--port", str(port), *args],
             stdout=log,

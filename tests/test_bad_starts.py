@@ -32,7 +32,7 @@ def test_scorer_not_running_fails_before_the_model_loads(tmp_path: Path) -> None
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert f"task.url: no scorer service answers at http://127.0.0.1:{port}" in out
-    assert "python -m evolm.task.scorer_server" in out and "Traceback" not in out
+    assert "python -m evolm.task.scorer.server" in out and "Traceback" not in out
     assert "loaded" not in out and "MLflow:" not in out  # no model, no MLflow run
     assert not (tmp_path / "mlflow.db").exists()
     assert runs_left(tmp_path) == []

@@ -12,7 +12,7 @@ from evolm.app import train
 from evolm.app.build import Builder
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
-from evolm.model.gguf_weights import MODELS, locate
+from evolm.model.gguf.weights import MODELS, locate
 from tests.helpers import REPO, compose_config, run_cli
 
 GROUPS = ["task", "model", "lora", "es", "server", "callbacks", "logger"]

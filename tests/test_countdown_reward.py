@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from evolm.errors import ConfigError
-from evolm.task import countdown_data
-from evolm.task.countdown_data import FIELDS, generate_puzzles, load_countdown_json
-from evolm.task.countdown_reward import (
+from evolm.task.countdown import data as countdown_data
+from evolm.task.countdown.data import FIELDS, generate_puzzles, load_countdown_json
+from evolm.task.countdown.reward import (
     FORMAT_VALUES,
     MAX_DEPTH,
     REWARD_VALUES,

@@ -15,18 +15,18 @@ from evolm.errors import ConfigError
 from evolm.task.base import Example
 from evolm.task.conciseness import Conciseness
 from evolm.task.countdown import Countdown
-from evolm.task.countdown_data import generate_puzzles
-from evolm.task.countdown_reward import countdown_reward
-from evolm.task.countdown_shortcuts import (
+from evolm.task.countdown.data import generate_puzzles
+from evolm.task.countdown.reward import countdown_reward
+from evolm.task.countdown.shortcuts import (
     PuzzleInfo,
     answer_shape,
     classify,
     completion_shape,
     solving_patterns,
 )
-from evolm.task.countdown_solver import reaches, solve
-from evolm.task.countdown_sources import template_solvable
-from evolm.task.countdown_summary import puzzle_rates
+from evolm.task.countdown.solver import reaches, solve
+from evolm.task.countdown.sources import template_solvable
+from evolm.task.countdown.summary import puzzle_rates
 
 PAPER_FILE = Path(__file__).resolve().parents[1].parent / "shared/data/countdown/countdown.json"
 

@@ -470,7 +470,7 @@ SCORER_ARGS = [
 
 
 class ScorerProcess:
-    """``python -m evolm.task.scorer_server`` on a fixed port, killed and restarted at will."""
+    """``python -m evolm.task.scorer.server`` on a fixed port, killed and restarted at will."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.port, self.tmp_path = free_port(), tmp_path
@@ -479,7 +479,7 @@ class ScorerProcess:
 
     def start(self) -> None:
         log = self.tmp_path / f"scorer-{time.monotonic_ns()}.log"
-        cmd = [sys.executable, "-m", "evolm.task.scorer_server", "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "evolm.task.scorer.server", "--host", "127.0.0.1"]
         with open(log, "w") as f:
             self.proc = subprocess.Popen(
                 [*cmd, "--port", str(self.port)], stdout=f, stderr=subprocess.STDOUT, cwd=REPO

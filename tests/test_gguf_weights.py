@@ -16,8 +16,8 @@ import pytest
 from evolm.errors import ConfigError
 from evolm.model import GGUFModel
 from evolm.model.gguf import checkpoint_dir
-from evolm.model.gguf_weights import MODELS, PackagedWeights, join_verified, locate
-from evolm.model.join_gguf import main as join_main
+from evolm.model.gguf.join import main as join_main
+from evolm.model.gguf.weights import MODELS, PackagedWeights, join_verified, locate
 from tests.helpers import env_without, run_cli
 
 PARTS = 11  # part10 and part11 sort before part2 lexically
@@ -209,7 +209,7 @@ def test_cli_without_the_extra_names_the_install_before_loading(tmp_path: Path) 
 def test_join_cli_writes_the_verified_file(
     site: Path, fake: PackagedWeights, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``python -m evolm.model.join_gguf``: the file to carry to a machine without the packages
+    """``python -m evolm.model.gguf.join``: the file to carry to a machine without the packages
     (``model.gguf_file`` there); a refused join leaves nothing behind and exits 2."""
     out = tmp_path / "out" / "fake-w.gguf"
     assert join_main(["fake-w", "--out", str(out)]) == 0

@@ -22,7 +22,7 @@ from baselines.grpo_data import TaskReward
 from evolm import metrics as M
 from evolm.loop import TrainClock
 from evolm.task.countdown import Countdown
-from evolm.task.countdown_reward import countdown_reward
+from evolm.task.countdown.reward import countdown_reward
 from tests.helpers import REPO, read_results
 
 SHARED = [  # evolm overrides both runs get: two updates, an eval after each

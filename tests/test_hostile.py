@@ -43,7 +43,7 @@ from evolm.loop import check_finite_mean
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.sweep import stale
 from evolm.task.base import MAX_RECORD_CHARS, read_jsonl
-from evolm.task.countdown_data import load_countdown_json
+from evolm.task.countdown.data import load_countdown_json
 from evolm.task.scorer import ScorerClient, ScorerError
 from evolm.trust import hydra_whitelist, job_trusted
 from tests.helpers import compose_config, generation_record, run_cli

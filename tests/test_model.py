@@ -20,12 +20,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from evolm.app.build import resolve_model
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
-from evolm.model.gguf_weights import MODELS, locate
+from evolm.model.gguf.weights import MODELS, locate
 from evolm.model.spec import CACHE_ENV, _build_atomically, is_built
 from evolm.model.tiny import build_tiny_model
-from evolm.task import countdown_warmup
-from evolm.task.countdown_reward import paper_prompt
-from evolm.task.countdown_warmup import CountdownWarmup
+from evolm.task.countdown import warmup as countdown_warmup
+from evolm.task.countdown.reward import paper_prompt
+from evolm.task.countdown.warmup import CountdownWarmup
 from tests.conftest import COUNTDOWN_TINY
 from tests.helpers import compose_config
 
@@ -319,7 +319,7 @@ def test_countdown_warm_up_answers_in_format_then_stops(countdown_model_dir: str
     end untagged), stops at EOS, copies numbers from the prompt, and some chains reach the
     target. Both endings occur, so ES has a format signal to climb from the start."""
     from evolm.task.countdown import Countdown
-    from evolm.task.countdown_reward import countdown_reward
+    from evolm.task.countdown.reward import countdown_reward
 
     model, tok = load_causal_lm(countdown_model_dir, device="cpu", dtype=torch.float32)
     task = Countdown(eval_samples=100)
@@ -419,7 +419,7 @@ BUILD_IN_ENV = """
 import hashlib, sys, torch
 from evolm.model import tiny
 from evolm.model.spec import TinyModel
-from evolm.task.countdown_warmup import CountdownWarmup
+from evolm.task.countdown.warmup import CountdownWarmup
 tiny.WARMUP_DTYPE = getattr(torch, sys.argv[2])
 spec = TinyModel(warmup_steps=60, countdown_share=0.75, countdown_untagged=0.5)
 out = tiny.build_tiny_model(sys.argv[1], spec, CountdownWarmup())

@@ -27,10 +27,10 @@ from evolm.export import main as export_main
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.model import GGUFModel
 from evolm.model.gguf import _dequantized
-from evolm.model.gguf_weights import MODELS, locate
+from evolm.model.gguf.weights import MODELS, locate
 from evolm.sampling import Sampling
 from evolm.task.countdown import Countdown
-from evolm.task.countdown_reward import countdown_reward
+from evolm.task.countdown.reward import countdown_reward
 from tests.helpers import read_results, run_cli
 
 QWEN05, QWEN15 = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"

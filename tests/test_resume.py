@@ -302,7 +302,7 @@ COUNTDOWN_RUN = [
 
 
 def write_puzzles(path: Path, seed: int) -> None:
-    from evolm.task.countdown_data import generate_puzzles
+    from evolm.task.countdown.data import generate_puzzles
 
     records = [{"numbers": r["numbers"], "target": r["target"]} for r in generate_puzzles(40, seed)]
     path.write_text(json.dumps(records))

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from evolm.task.scorer_server import Limits, ScorerHTTPServer, parse_args
+from evolm.task.scorer.server import Limits, ScorerHTTPServer, parse_args
 
 OK_BODY = json.dumps({"prompts": ["p"], "completions": ["a b a"]}).encode()
 

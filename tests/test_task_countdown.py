@@ -14,8 +14,8 @@ from evolm.errors import ConfigError
 from evolm.task import Task
 from evolm.task.base import cycling_window
 from evolm.task.countdown import ASSISTANT_PREFIX, SYSTEM_PROMPT, Countdown
-from evolm.task.countdown_data import generate_puzzles
-from evolm.task.countdown_reward import paper_prompt
+from evolm.task.countdown.data import generate_puzzles
+from evolm.task.countdown.reward import paper_prompt
 
 PAPER_FILE = Path(__file__).resolve().parents[1].parent / "shared/data/countdown/countdown.json"
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -197,8 +197,8 @@ def test_yaml_composes_and_instantiates() -> None:
 
 
 def test_chain_solver_finds_in_order_chains_first() -> None:
-    from evolm.task.countdown_data import chain_expression, solve_chain
-    from evolm.task.countdown_reward import countdown_reward
+    from evolm.task.countdown.data import chain_expression, solve_chain
+    from evolm.task.countdown.reward import countdown_reward
 
     assert solve_chain([79, 85, 34], "198") == ([79, 85, 34], "++")
     assert chain_expression([3, 5, 2], "+*") == "(3 + 5) * 2"

@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from evolm.errors import ConfigError
 from evolm.task import Task
 from evolm.task.scorer import Scorer, ScorerClient, ScorerError, ScorerUnavailable
-from evolm.task.scorer_server import KeywordRule, LengthRule, parse_request
+from evolm.task.scorer.server import KeywordRule, LengthRule, parse_request
 from tests.conftest import StartServer, free_port, get
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -99,7 +99,7 @@ def test_server_errors_forever_give_up(start_server: StartServer) -> None:
     with pytest.raises(ScorerUnavailable, match="HTTP 500") as e:
         client(url, retries=2).score(PROMPTS, COMPLETIONS)
     assert score_requests(url) == 3
-    assert "task.url" in str(e.value) and "python -m evolm.task.scorer_server" in str(e.value)
+    assert "task.url" in str(e.value) and "python -m evolm.task.scorer.server" in str(e.value)
 
 
 def test_dead_server_names_task_url_and_how_to_start() -> None:
@@ -109,7 +109,7 @@ def test_dead_server_names_task_url_and_how_to_start() -> None:
         client(url, retries=1).health()
     message = str(e.value)
     assert f"task.url={url}" in message
-    assert f"python -m evolm.task.scorer_server --host 127.0.0.1 --port {port}" in message
+    assert f"python -m evolm.task.scorer.server --host 127.0.0.1 --port {port}" in message
 
 
 def test_bad_request_is_not_retried(start_server: StartServer) -> None:

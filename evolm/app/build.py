@@ -164,7 +164,7 @@ def resolve_model(spec: Any) -> str:
     ``evolm.model`` is a leaf that imports no task."""
     try:
         if isinstance(spec, TinyModel) and spec.countdown_share:
-            from evolm.task.countdown_warmup import CountdownWarmup
+            from evolm.task.countdown.warmup import CountdownWarmup
 
             return str(spec.resolve(warmup=CountdownWarmup()))
         return str(spec.resolve())

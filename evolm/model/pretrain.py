@@ -123,7 +123,7 @@ def pretrain(
     if n_count and warmup is None:
         raise ValueError(
             f"countdown_share={countdown_share} needs the warm-up data: pass warmup= (the "
-            "countdown task's, evolm.task.countdown_warmup.CountdownWarmup)"
+            "countdown task's, evolm.task.countdown.warmup.CountdownWarmup)"
         )
     start = time.perf_counter()
     logger.info(

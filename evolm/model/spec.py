@@ -216,7 +216,7 @@ class TinyModel:
             raise ValueError(
                 f"TinyModel(countdown_share={self.countdown_share}) trains on countdown warm-up "
                 "data that evolm.model does not own: pass warmup=CountdownWarmup() "
-                "(evolm.task.countdown_warmup) to fingerprint/model_dir/resolve, as the "
+                "(evolm.task.countdown.warmup) to fingerprint/model_dir/resolve, as the "
                 "composition root (evolm.app.build.resolve_model) does"
             )
         return warmup

@@ -1,7 +1,7 @@
 """Prompt/answer warm-up documents for the tiny model, from data passed in from above.
 
 ``evolm.model`` is a leaf: it knows no task. The composition root passes the warm-up data (a
-:class:`WarmupData`: the countdown task's worked puzzles, :mod:`evolm.task.countdown_warmup`)
+:class:`WarmupData`: the countdown task's worked puzzles, :mod:`evolm.task.countdown.warmup`)
 to the build, and the data's :meth:`WarmupData.fingerprint` is part of the model cache key.
 
 A document is a prompt followed by its answer, then the end token; only the answer tokens are

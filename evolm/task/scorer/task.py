@@ -1,6 +1,6 @@
 """``task=scorer``: maximise a reward model's score minus lambda times a cost model's score.
 
-Both scores come from an HTTP scorer service (:mod:`evolm.task.scorer_server`, or anything that
+Both scores come from an HTTP scorer service (:mod:`evolm.task.scorer.server`, or anything that
 speaks its JSON schema). Reward per completion: ``reward = r - lambda * c``, so a member's
 fitness is ``mean(r) - lambda * mean(c)`` (the alignment objective of the ES fork for PKU
 Safe-RLHF). With ``lambda_adapt`` the multiplier follows a Lagrangian rule after every
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from evolm.errors import ConfigError
 from evolm.task.base import Example, Sampling, Scores, Task, cycling_window, read_jsonl
-from evolm.task.scorer_client import (
+from evolm.task.scorer.client import (
     ScorerClient,
     ScorerError,
     ScorerUnavailable,
@@ -41,7 +41,7 @@ class Scorer(Task):
     """The scorer task: prompts from a file, rewards and costs from the scorer service.
 
     Args:
-        url: the scorer service (``python -m evolm.task.scorer_server``). Not contacted by the
+        url: the scorer service (``python -m evolm.task.scorer.server``). Not contacted by the
             constructor; :meth:`preflight` checks its health before any model loads.
         prompts_file: JSON lines with a field ``prompt``; ``None``: evolm's bundled prompts.
         train_size: the first ``train_size`` prompts are the training split, the rest eval.

@@ -1,12 +1,12 @@
 """Where Countdown's puzzles come from: two generators, a data file, and dropping templates.
 
 * ``generator=tree`` (the default): evolm's random-expression-tree generator
-  (:func:`~evolm.task.countdown_data.tree_records`; about 18% of its puzzles are sums).
+  (:func:`~evolm.task.countdown.data.tree_records`; about 18% of its puzzles are sums).
 * ``generator=uniform``: the TinyZero / Countdown-Tasks style. 3 or 4 numbers (the count
   uniform) drawn from 1..99, a target uniform in ``[target_min, target_max]``, kept only if some
-  expression over all the numbers reaches it (:mod:`evolm.task.countdown_solver`).
+  expression over all the numbers reaches it (:mod:`evolm.task.countdown.solver`).
 * ``drop_templates=train|test|both`` leaves out of that split every puzzle a fixed operator
-  pattern solves (:mod:`evolm.task.countdown_shortcuts`), so accuracy there cannot come from a
+  pattern solves (:mod:`evolm.task.countdown.shortcuts`), so accuracy there cannot come from a
   template. Generated splits keep their sizes: dropped puzzles are replaced by later draws of
   the same stream, so a split that drops nothing is the one it would be without dropping. A
   data file's split is filtered and shrinks.
@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.task.countdown_data import puzzle_record, tree_records
-from evolm.task.countdown_shortcuts import solving_patterns
-from evolm.task.countdown_solver import solve
+from evolm.task.countdown.data import puzzle_record, tree_records
+from evolm.task.countdown.shortcuts import solving_patterns
+from evolm.task.countdown.solver import solve
 
 log = logging.getLogger(__name__)
 

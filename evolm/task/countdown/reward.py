@@ -219,7 +219,7 @@ def evaluate_expression(expr: str) -> Fraction | None:
 def parse_answer(answer: str) -> tuple[list[str], Fraction] | None:
     """The tokens (``"(1 + 2) / 3"`` -> ``["(", "1", "+", ...]``) and exact value of an answer
     text the reward evaluates (its characters allowed, it parses, no division by zero); else
-    ``None``. For analyses of answers (:mod:`evolm.task.countdown_shortcuts`), not the reward."""
+    ``None``. For analyses of answers (:mod:`evolm.task.countdown.shortcuts`), not the reward."""
     if not answer or not _ALLOWED.fullmatch(answer):
         return None
     try:

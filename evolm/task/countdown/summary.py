@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from evolm import metrics as M
-from evolm.task.countdown_shortcuts import FAMILIES, TEMPLATES, PuzzleInfo
+from evolm.task.countdown.shortcuts import FAMILIES, TEMPLATES, PuzzleInfo
 
 __all__ = ["family_shares", "puzzle_rates", "shortcut_summary"]
 
@@ -56,7 +56,7 @@ def shortcut_summary(
 ) -> dict[str, float]:
     """The set-level numbers of one evaluation: per row, the puzzle (``infos``), whether the
     answer is correct (1/0), whether it is a template answer (1/0) and its form's code
-    (:func:`~evolm.task.countdown_shortcuts.form_code`; NaN: no answer that parses)."""
+    (:func:`~evolm.task.countdown.shortcuts.form_code`; NaN: no answer that parses)."""
     out = puzzle_rates(infos)
     beyond = [c for info, c in zip(infos, correct, strict=True) if not info.template_solvable]
     _accuracy(out, M.ACCURACY_BEYOND_SHORTCUTS, beyond)

@@ -21,7 +21,7 @@ from fractions import Fraction
 from functools import lru_cache
 from math import gcd
 
-from evolm.task.countdown_reward import TOLERANCE
+from evolm.task.countdown.reward import TOLERANCE
 
 __all__ = ["MAX_SEARCH_NUMBERS", "reaches", "reaches_by_signs", "solve", "values"]
 

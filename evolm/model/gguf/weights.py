@@ -41,7 +41,7 @@ class PackagedWeights:
         size, sha256: of the (joined) GGUF.
         extra: the optional extra of pyproject.toml (what transformers needs to read a GGUF).
         make_target: the Makefile target that installs packages and extra.
-        dtype: the converted checkpoint's dtype (``evolm/model/gguf.py`` says why).
+        dtype: the converted checkpoint's dtype (``evolm/model/gguf/__init__.py`` says why).
         build: bump when the conversion's output changes (old cache entries are then ignored).
     """
 

@@ -12,11 +12,11 @@ puzzles are sums). This module makes such shortcuts visible; exact arithmetic th
   ``*``), ``chain_sub`` (all ``-``), ``chain_div`` (all ``/``). A model can use a different fixed
   pattern per puzzle size, so the best template's accuracy on a set of puzzles is the best
   pattern per size, weighted by the sizes' counts
-  (:func:`~evolm.task.countdown_summary.puzzle_rates`).
+  (:func:`~evolm.task.countdown.summary.puzzle_rates`).
 * Every puzzle is in one **family** (:data:`FAMILIES`): ``template`` (some fixed pattern solves
   it), ``addsub`` (no template does, but ``+``/``-`` alone do, any order), ``muldiv`` (solvable,
   but only with ``*`` or ``/``), ``unsolvable`` (no expression over all its numbers reaches the
-  target: :mod:`evolm.task.countdown_solver`); ``None`` for puzzles too large to search.
+  target: :mod:`evolm.task.countdown.solver`); ``None`` for puzzles too large to search.
 * An answer is a **template answer** when it uses the numbers in the puzzle's order, only binary
   operators, and its value is the left-to-right chain of its operators (parentheses only
   enforcing left to right: ``(a + b) * c``), or when all its operators are ``+`` (or all ``*``),
@@ -24,8 +24,8 @@ puzzles are sums). This module makes such shortcuts visible; exact arithmetic th
   (``"a - b + c"``, ``"(c + a) * b"``): how many answers share one form shows a model that
   writes one form for everything.
 
-Set-level numbers: :mod:`evolm.task.countdown_summary`; the rates of a data set:
-``python -m evolm.task.countdown_stats`` (docs/tasks.md).
+Set-level numbers: :mod:`evolm.task.countdown.summary`; the rates of a data set:
+``python -m evolm.task.countdown.stats`` (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from evolm.task.countdown_data import apply_operator
-from evolm.task.countdown_reward import TOLERANCE, extract_answer, parse_answer, parse_target
-from evolm.task.countdown_solver import reaches, reaches_by_signs
+from evolm.task.countdown.data import apply_operator
+from evolm.task.countdown.reward import TOLERANCE, extract_answer, parse_answer, parse_target
+from evolm.task.countdown.solver import reaches, reaches_by_signs
 
 __all__ = [
     "FAMILIES",

@@ -1,10 +1,10 @@
 """How far templates go on a Countdown data set: the table of docs/tasks.md, recomputable.
 
-``python -m evolm.task.countdown_stats [--data-file FILE] [--generator tree|uniform] [--seed 0]``
+``python -m evolm.task.countdown.stats [--data-file FILE] [--generator tree|uniform] [--seed 0]``
 builds the task as a run would (the same ``task.*`` arguments, the whole test split) and prints
 one Markdown row per split: the share of its puzzles each named template solves, the best
 template's accuracy (the best fixed operator pattern per puzzle size), the template-solvable
-share, and the share of each puzzle family (:mod:`evolm.task.countdown_shortcuts`).
+share, and the share of each puzzle family (:mod:`evolm.task.countdown.shortcuts`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.task.base import Example
 from evolm.task.countdown import Countdown
-from evolm.task.countdown_shortcuts import FAMILIES, TEMPLATES
-from evolm.task.countdown_summary import family_shares, puzzle_rates
+from evolm.task.countdown.shortcuts import FAMILIES, TEMPLATES
+from evolm.task.countdown.summary import family_shares, puzzle_rates
 
 COLUMNS = (
     *(M.shortcut(t) for t in TEMPLATES),
@@ -43,7 +43,7 @@ def split_row(task: Countdown, examples: Sequence[Example], source: str, split: 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m evolm.task.countdown_stats", description=__doc__
+        prog="python -m evolm.task.countdown.stats", description=__doc__
     )
     parser.add_argument("--data-file", help="a Countdown JSON file (default: generated puzzles)")
     parser.add_argument("--generator", default="tree", help="tree or uniform (generated only)")

@@ -1,7 +1,7 @@
 """A small HTTP scorer service (served by waitress): a reward and a cost per completion.
 
-    python -m evolm.task.scorer_server --host 127.0.0.1 --port 8765 [--rule length]
-    python -m evolm.task.scorer_server --scorer mypackage.models:SafetyScorer
+    python -m evolm.task.scorer.server --host 127.0.0.1 --port 8765 [--rule length]
+    python -m evolm.task.scorer.server --scorer mypackage.models:SafetyScorer
 
 JSON schema:
 
@@ -319,7 +319,7 @@ class ScorerHTTPServer:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     d = Limits()
-    p = argparse.ArgumentParser(prog="python -m evolm.task.scorer_server", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m evolm.task.scorer.server", description=__doc__)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
     p.add_argument("--rule", choices=sorted(RULES), default="length", help="built-in scorer")

@@ -2,16 +2,16 @@
 generator and chain solver; the composition root hands it to the model build
 (:class:`evolm.model.warmup.WarmupData`), so ``evolm.model`` never imports a task.
 
-A pair is the task's verbatim prompt (:func:`~evolm.task.countdown_reward.paper_prompt`, which
+A pair is the task's verbatim prompt (:func:`~evolm.task.countdown.reward.paper_prompt`, which
 ends with ``<think>``) and a worked answer in the format the reward asks for::
 
     ...step.\\n<think> 79 + 85 + 34 = 198 </think>\\n<answer> 79 + 85 + 34 </answer>
 
 Only puzzles whose numbers combine left to right in the given order are used (about 60% of
 generated ones); the answer is the first such chain
-:func:`~evolm.task.countdown_data.solve_chain` finds (operators tried ``+ - * /``): a short,
+:func:`~evolm.task.countdown.data.solve_chain` finds (operators tried ``+ - * /``): a short,
 regular form a 2-layer model can imitate (copy the numbers in order, pick operators).
-Puzzles come from :func:`~evolm.task.countdown_data.generate_puzzles` with seeds far from the
+Puzzles come from :func:`~evolm.task.countdown.data.generate_puzzles` with seeds far from the
 task's default seed, so the task's held-out split is not trained on. Most documents use a
 short prompt (:func:`short_prompt`): copying numbers is what a tiny model learns slowest, and
 short documents teach it at a fraction of the compute.
@@ -25,8 +25,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from evolm.task.countdown_data import chain_expression, generate_puzzles, solve_chain
-from evolm.task.countdown_reward import paper_prompt
+from evolm.task.countdown.data import chain_expression, generate_puzzles, solve_chain
+from evolm.task.countdown.reward import paper_prompt
 
 PUZZLE_SEED_OFFSET = 1_000_003
 """Warm-up puzzles use ``generate_puzzles(..., seed=PUZZLE_SEED_OFFSET + seed)``: not the

@@ -1,4 +1,4 @@
-"""The client of the scorer service's JSON schema (:mod:`evolm.task.scorer_server`, or any
+"""The client of the scorer service's JSON schema (:mod:`evolm.task.scorer.server`, or any
 service that speaks it): batching, retries with backoff, and checks of every answer."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _TRANSIENT = (requests.ConnectionError, requests.Timeout, _ServerError)
 
 
 class ScorerClient:
-    """Client of the scorer service's JSON schema (see :mod:`evolm.task.scorer_server`).
+    """Client of the scorer service's JSON schema (see :mod:`evolm.task.scorer.server`).
 
     Requests are split into batches of ``batch_size`` completions. Connection errors, timeouts
     (``timeout_s`` per request) and HTTP 5xx are retried ``retries`` times with exponential
@@ -161,7 +161,7 @@ def start_hint(url: str) -> str:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 8765
     return (
-        f"start it first: `python -m evolm.task.scorer_server --host {host} --port {port}` "
+        f"start it first: `python -m evolm.task.scorer.server --host {host} --port {port}` "
         f"(or `launchers/scorer.sh {host} {port}`), or set task.url to a running service"
     )
 
