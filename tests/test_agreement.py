@@ -40,6 +40,7 @@ def write_data(path: Path, answers: list[str]) -> Path:
 RUN = ["debug=fast", "logger=none"]
 
 
+@pytest.mark.slow  # make test-all (CI: nodes whose data files differ)
 def test_ranks_with_other_train_files_stop_naming_the_key(
     tiny_model_dir: str, tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -77,6 +78,7 @@ def check_adapter_reproduces_eval(adapter: Path, expected_reward: float) -> None
     assert sum(rewards) / len(rewards) == expected_reward
 
 
+@pytest.mark.slow  # make test-all (CI: test_interrupt resumes to the same run)
 def test_same_config_same_run(tmp_path: Path) -> None:
     args = ["generations=3", "eval_every=1", "es.population_size=6", "task.max_new_tokens=12"]
     runs = []

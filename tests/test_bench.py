@@ -84,6 +84,7 @@ def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
     assert "| waves | error |" in proc.stdout
 
 
+@pytest.mark.slow  # make test-all
 def test_real_bench_times_each_ranks_shard(tmp_path) -> None:
     """``--ranks 2 --shard interleaved,balanced``: after the whole population, each of the 2
     shards of the rows (interleaved; balanced with each row's budget as its cost),

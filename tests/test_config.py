@@ -128,7 +128,16 @@ MISSPELT = {
 }
 
 
-@pytest.mark.parametrize(("args", "message"), MISSPELT.values(), ids=MISSPELT.keys())
+IN_CI = ("key", "option", "added-key")  # the others: `make test-all` (each a 6-s CLI start)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(*case, id=name, marks=() if name in IN_CI else pytest.mark.slow)
+        for name, case in MISSPELT.items()
+    ],
+)
 def test_cli_misspelt_key_or_option_is_bad_configuration(
     args: list[str], message: str, tmp_path: Path
 ) -> None:

@@ -70,6 +70,7 @@ CONCURRENT_OPEN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # make test-all (CI: test_interrupt resumes a stopped run identically)
 def test_processes_opening_one_fresh_store_lose_no_run_and_share_the_parent(
     tmp_path: Path,
 ) -> None:
@@ -132,6 +133,7 @@ FRESH_RUNS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # make test-all (CI: test_interrupt resumes a stopped run identically)
 def test_runs_creating_one_fresh_store_at_once_all_log_and_leave_it_usable(
     tmp_path: Path,
 ) -> None:
@@ -211,6 +213,7 @@ def run_poisoned(tmp_path: Path, bad: int) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # make test-all (CI: test_interrupt resumes a stopped run identically)
 def test_nan_and_inf_rewards_rank_worst_then_past_the_fraction_abort(tmp_path: Path) -> None:
     """2 of 8 members NaN/inf: they rank worst, the run goes on; 6 of 8: one message, exit 3."""
     (tmp_path / "few").mkdir()
@@ -304,6 +307,7 @@ def kill_then_resume(uninterrupted: Path, run_dir: Path, point: str, n: int) -> 
 
 
 @pytest.mark.parametrize(("point", "n"), CORE_POINTS)
+@pytest.mark.slow  # make test-all (CI: test_interrupt resumes a stopped run identically)
 def test_sigkill_then_resume_is_byte_identical(
     uninterrupted: Path, tmp_path: Path, point: str, n: int
 ) -> None:
@@ -524,6 +528,7 @@ def kill_scorer_after(run_dir: Path, scorer: ScorerProcess, proc: subprocess.Pop
     scorer.kill()
 
 
+@pytest.mark.slow  # make test-all (CI: test_interrupt resumes a stopped run identically)
 def test_scorer_killed_mid_run_is_retried_and_nothing_is_lost(
     scorer: ScorerProcess, tmp_path: Path, tiny_model_dir: str
 ) -> None:

@@ -177,6 +177,7 @@ def test_exported_model_loads_in_transformers_with_the_engines_logits(
     assert after == fresh and after != before
 
 
+@pytest.mark.slow  # make test-all (CI: the full-mode demo learns)
 def test_killed_full_run_resumes_to_the_byte_identical_model(
     full_run: Path, tmp_path: Path
 ) -> None:
@@ -242,6 +243,7 @@ def test_bad_mean_on_the_command_line(tmp_path: Path) -> None:
     assert "es.mean" in err and "'bad'" in err and "lora, full" in err, err[-2000:]
 
 
+@pytest.mark.slow  # make test-all (CI: the full-mode demo learns)
 def test_gpu_measurement_script_runs_on_cpu_at_a_tiny_shape(tmp_path: Path) -> None:
     """launchers/full_mode_gpu.py (the lead runs it on a GPU) writes its JSON: (a) the fp32
     master's cosine >= 0.9999 and the bf16 one reported, (b) no OOM, (c) fold-in shares."""
@@ -271,6 +273,7 @@ STANDIN = "evolm.testing.sglang_standin"
 SHORT = ["generations=4", "eval_every=2", "es.population_size=4", "task.max_new_tokens=8"]
 
 
+@pytest.mark.slow  # make test-all (CI: the full-mode demo learns)
 def test_full_mode_on_sglang_equals_local(tmp_path: Path, tiny_model_dir: str) -> None:
     """server=sglang refreshes the served base through /update_weights_from_disk after every
     update: the run's records and final model equal server=local's, byte for byte (a server
@@ -380,6 +383,7 @@ def test_sglang_failed_base_update_leaves_no_model_copy(
         engine.close()
 
 
+@pytest.mark.slow  # make test-all (CI: the full-mode demo learns)
 def test_sglang_base_update_restarts_a_killed_server(tmp_path: Path, tiny_model_dir: str) -> None:
     """A launched server that died is restarted, and the new base weights are loaded into it."""
     from evolm.model.full import save_model

@@ -252,6 +252,7 @@ def test_runs_and_sweeps_claim_their_directories() -> None:
     assert hydra_cfg["sweep"]["dir"].startswith("${evolm.run_dir:null,outputs/multiruns/")
 
 
+@pytest.mark.slow  # make test-all
 def test_foreign_rank_checkpoint_fails_before_touching_the_run(
     short_run: tuple[Path, str], tmp_path: Path
 ) -> None:

@@ -73,6 +73,7 @@ def kill_mid_generation(run_dir: Path, generation_s: float) -> None:
     assert not (run_dir / ADAPTER).exists()
 
 
+@pytest.mark.slow  # make test-all (CI: test_interrupt resumes a SIGTERM-ed run identically)
 def test_killed_run_resumes_bit_identical(uninterrupted: Path, tmp_path: Path) -> None:
     expected = read_results(uninterrupted)
     assert [g for g, _ in checkpoints(uninterrupted / "checkpoints")] == [22, 24]  # keep=2

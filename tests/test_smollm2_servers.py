@@ -19,7 +19,7 @@ from evolm.server.vllm import LAUNCH_MODULE as VLLM_MODULE
 from evolm.server.vllm import VLLMEngine
 from tests.near_tie import check_same_or_near_ties
 from tests.test_server_sglang import STANDIN, es_generation
-from tests.test_server_vllm import CPU_ARGS, vllm_python  # noqa: F401  (a session fixture)
+from tests.test_server_vllm import CPU_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_real_vllm_generation_equals_local(
     smollm2_dir: str,
     layout: LoraLayout,
     reference: tuple,
-    vllm_python: str,  # noqa: F811
+    vllm_python: str,
     tmp_path: Path,
 ) -> None:
     """Token for token, or up to a first difference at a near-tie of the logits: vLLM-CPU's

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("triton")
 
 
+@pytest.mark.slow  # 7 minutes on one core of a CI machine: `make test-all`; GPUs run it compiled
 def test_triton_fast_path_equals_hf_interpreted() -> None:
     """Every kernel against torch, then prefill + decode in Triton mode (residual add + RMSNorm,
     RoPE and SiLU kernels with the LoRA fused in; u from the weights' spare rows) against the
