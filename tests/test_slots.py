@@ -99,6 +99,22 @@ def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
     assert stopped >= 1, "the test should stop a row at EOS before its budget"
 
 
+def test_the_tail_is_the_steps_that_serve_a_few_long_rows(engine: LocalEngine) -> None:
+    """Issue 37: ``time/engine_tail_s`` times the decode steps with an empty queue and fewer
+    than a tenth of the slots busy. 30 rows on 30 slots: with one long row its last 25 steps
+    are the tail; with equal budgets no step is."""
+    ids, mask = rows(engine, 10)  # 30 rows of the base model
+    sampling, n = Sampling(max_new_tokens=30), ids.shape[0]
+    engine.generate_ids(ids, mask, None, sampling, budgets=[5] * (n - 1) + [30], eos_ids=[])
+    skewed = engine.last_timings
+    assert skewed["slots"] >= n  # all rows admitted at once: the queue empties at the start
+    assert skewed["tail_steps"] >= 24, skewed  # one row of 30 slots runs alone after step 5
+    assert 0 < skewed["tail_s"] <= skewed["generate_s"], skewed
+    engine.generate_ids(ids, mask, None, sampling, budgets=[30] * n, eos_ids=[])
+    even = engine.last_timings
+    assert even["tail_steps"] == 0 and even["tail_s"] == 0.0, even
+
+
 def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
     """Rows in any order, members interleaved: each row equals its member-major counterpart."""
     pop = population(engine, 3)

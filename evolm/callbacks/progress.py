@@ -70,12 +70,14 @@ class ProgressBar(Callback):
 
 
 def progress_line(record: GenerationRecord, generations: int) -> str:
-    """``generation 3/40: fitness 0.1234 (std 0.0456), eval reward 0.2100, 1.3 s``."""
+    """``generation 3/40: fitness 0.1234 (std 0.0456), eval reward 0.2100, 1.3 s (engine tail
+    0.4 s)``: the tail (``time/engine_tail_s``) where the local engine reports it."""
     parts = []
     if record.es is not None:
         parts.append(f"fitness {record.es.fitness_mean:.4g} (std {record.es.fitness_std:.4g})")
     if record.eval_reward is not None:
         parts.append(f"eval reward {record.eval_reward:.4g}")
     seconds = record.generation_s + record.eval.get(M.EVAL_S, 0.0)
-    parts.append(f"{seconds:.1f} s")
+    tail = record.engine_timings.get("tail_s")
+    parts.append(f"{seconds:.1f} s" + ("" if tail is None else f" (engine tail {tail:.1f} s)"))
     return f"generation {record.generation}/{generations}: {', '.join(parts)}"

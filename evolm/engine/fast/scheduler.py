@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -51,6 +52,62 @@ log = logging.getLogger(__name__)
 def lora_cols(lora: FastLora | None) -> int:
     """Rank columns of every member that the base GEMMs also produce (the widest group's)."""
     return 0 if lora is None else max((g.spare for g in lora.groups.values()), default=0)
+
+
+TAIL_SHARE = 0.1
+"""A decode step is in the tail when the queue is empty and fewer than this share of the slots
+hold a running row: the steps that serve a few long rows (``time/engine_tail_s``)."""
+
+
+@dataclass
+class RunStats:
+    """What one :meth:`Scheduler.run` counts, kept out of its loop: decode steps and prefills,
+    the rows each decode step carried (``busy``) against its bucket (``padded``), each prefill's
+    time span, and where the tail began."""
+
+    timer: PhaseTimer
+    slots: int
+    steps: int = 0
+    prefills: int = 0
+    busy: int = 0
+    padded: int = 0
+    tail_steps: int = 0
+    spans: list[tuple[object, object]] = field(default_factory=list)
+    tail_start: object | None = None
+
+    def prefilled(self, begin: object) -> None:
+        self.spans.append((begin, self.timer.now()))
+        self.prefills += 1
+
+    def decoding(self, steps: int, active: int, batch: int, queued: bool) -> None:
+        """``steps`` decode steps of ``active`` running rows in a bucket of ``batch``."""
+        tail = not queued and active < TAIL_SHARE * self.slots
+        if tail and self.tail_start is None:
+            self.tail_start = self.timer.now()
+        self.steps += steps
+        self.tail_steps += steps if tail else 0
+        self.busy += active * steps
+        self.padded += batch * steps
+
+    def timings(self) -> dict[str, float]:
+        """The phases (``generate_s``) and counters, as ``LocalEngine.last_timings`` reports
+        them (``time/engine_<key>``)."""
+        self.timer.mark("generate_s")
+        end = self.timer.marks[-1][1]
+        out = self.timer.done()
+        tail_s = 0.0 if self.tail_start is None else self.timer.between(self.tail_start, end)
+        return out | {
+            "steps": float(self.steps),
+            "prefills": float(self.prefills),
+            "prefill_s": sum(self.timer.between(a, b) for a, b in self.spans),
+            "slots": float(self.slots),
+            # per decode step: rows in the batch (counted at each sync: rows that finished
+            # since then count until they are retired), and the bucket's idle share beyond them
+            "rows_per_step": self.busy / max(1, self.steps),
+            "padding": 1 - self.busy / max(1, self.padded),
+            "tail_s": tail_s,  # the steps with < TAIL_SHARE of the slots busy, queue empty
+            "tail_steps": float(self.tail_steps),
+        }
 
 
 class Scheduler:
@@ -218,8 +275,7 @@ class Scheduler:
         member_of = members.tolist() if lora is not None else None  # sort by member
         slot_member = [0] * ws.slots
         refill = max(1, ws.slots // 16)
-        steps = prefills = batch = busy = padded = 0
-        spans: list[tuple[object, object]] = []  # (start, end) of each prefill: its time
+        stats, batch = RunStats(timer, ws.slots), 0
         while queue or active:
             if queue and (not active or len(free) >= refill):
                 take = min(len(free), len(queue))
@@ -231,35 +287,22 @@ class Scheduler:
                         slot_member[slot] = member_of[row]
                 begin = timer.now()
                 runner.prefill(ws, batch_rows, chosen, slots, lora, chunk)
-                spans.append((begin, timer.now()))
-                prefills += 1
+                stats.prefilled(begin)
                 active += slots
                 if member_of is not None:
                     active.sort(key=slot_member.__getitem__)
                     # the bucket's padding rows (the scratch slot) join the last member's tile
                     ws.member[ws.slots] = slot_member[active[-1]]
                 batch = ws.set_batch(active)
+            stats.decoding(self.check_every, len(active), batch, bool(queue))
             for _ in range(self.check_every):
                 runner.step(ws, batch, lora, batch_rows)
-                steps += 1
-            busy, padded = busy + len(active) * self.check_every, padded + batch * self.check_every
             done = ws.done[ws.sel[: len(active)]].tolist()
             if any(done):
                 free += [s for s, d in zip(active, done, strict=True) if d]
                 active = [s for s, d in zip(active, done, strict=True) if not d]
                 batch = ws.set_batch(active) if active else 0
-        timer.mark("generate_s")
-        self.last_timings = timer.done()
-        self.last_timings.update(
-            steps=float(steps),
-            prefills=float(prefills),
-            prefill_s=sum(timer.between(a, b) for a, b in spans),
-            slots=ws.slots,
-            # per decode step: rows in the batch (counted at each sync: rows that finished
-            # since then count until they are retired), and the bucket's idle share beyond them
-            rows_per_step=busy / max(1, steps),
-            padding=1 - busy / max(1, padded),
-        )
+        self.last_timings = stats.timings()
         return batch_rows.out[:-1].view(rows, widest)
 
     @torch.inference_mode()
