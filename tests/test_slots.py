@@ -115,6 +115,16 @@ def test_the_tail_is_the_steps_that_serve_a_few_long_rows(engine: LocalEngine) -
     assert even["tail_steps"] == 0 and even["tail_s"] == 0.0, even
 
 
+def test_the_host_time_around_the_engine_is_split_by_phase(engine: LocalEngine) -> None:
+    """Issue 37: a text generation reports its host phases beside the engine's own
+    (``time/engine_host_tokenize_s``, ``_stage_s``, ``_detokenize_s``)."""
+    engine.generate(PROMPTS, population(engine, 2), Sampling(max_new_tokens=4), seed=0)
+    timings = engine.last_timings
+    host = {k: v for k, v in timings.items() if k.startswith("host_")}
+    assert set(host) == {"host_tokenize_s", "host_stage_s", "host_detokenize_s"}, timings
+    assert all(0 <= v < timings["generate_s"] + 10 for v in host.values()), timings
+
+
 def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
     """Rows in any order, members interleaved: each row equals its member-major counterpart."""
     pop = population(engine, 3)

@@ -179,6 +179,7 @@ class LocalEngine(Engine):
         self.scheduler: Scheduler | None = None
         self._stop_tables: dict[tuple[str, ...], StopTable | None] = {}
         self._fast_lora: dict[int, FastLora] = {}
+        self._host_timings: dict[str, float] = {}  # around the last fast-path generation
         self._lora_version = -1  # the fast forward's weights_version the buffers were made for
         reason = None if options.fast is False else unsupported_reason(self.model)
         if options.fast and reason is not None:
@@ -273,9 +274,11 @@ class LocalEngine(Engine):
                 for m, texts in zip(members, out, strict=True):
                     done.update({(m, p): text for p, text in zip(chosen, texts, strict=True)})
             return [done[row] for row in rows]
+        start = time.perf_counter()
         enc = self.tokenizer([prompts[p] for _, p in rows], return_tensors="pt", padding=True)
         member = torch.tensor([m for m, _ in rows], dtype=torch.long)
         generator = torch.Generator(self.device).manual_seed(seed)
+        tokenized = time.perf_counter()
         tokens = self.generate_ids(
             enc["input_ids"],
             enc["attention_mask"],
@@ -284,7 +287,12 @@ class LocalEngine(Engine):
             generator,
             member=None if adapters is None else member,
         )
-        return self.completions(tokens, sampling.stop)
+        generated = time.perf_counter()
+        texts = self.completions(tokens, sampling.stop)
+        self._host_timings.update(
+            host_tokenize_s=tokenized - start, host_detokenize_s=time.perf_counter() - generated
+        )
+        return texts
 
     def _generate_members(
         self, prompts: Sequence[str], adapters: LoraPopulation | None, sampling: Sampling, seed: int
@@ -416,7 +424,9 @@ class LocalEngine(Engine):
                 member = torch.arange(members).repeat_interleave(rows // members)
         if self.scheduler is not None:
             self._match_quantization()
+            staging = time.perf_counter()
             lora = None if adapters is None else self.load_fast_lora(adapters)
+            self._host_timings = {"host_stage_s": time.perf_counter() - staging}
             return self.scheduler.run(
                 input_ids,
                 attention_mask,
@@ -496,8 +506,12 @@ class LocalEngine(Engine):
 
     @property
     def last_timings(self) -> dict[str, float]:
-        """Phase times and counts of the last fast-path generation."""
-        return {} if self.scheduler is None else dict(self.scheduler.last_timings)
+        """Phase times and counts of the last fast-path generation, with the host's time
+        around it (``host_tokenize_s``, ``host_stage_s``: the adapters into the grouped
+        buffers, ``host_detokenize_s``: token ids to completions, stop strings cut)."""
+        if self.scheduler is None:
+            return {}
+        return {**self.scheduler.last_timings, **self._host_timings}
 
     def close(self) -> None:
         """Release the fast path's adapter buffers and workspace (the model stays loaded)."""
