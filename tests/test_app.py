@@ -18,17 +18,16 @@ from tests.helpers import read_results, run_cli
 MARGIN_CHARS = 10.0
 
 
-def test_default_demo_learns(tmp_path: Path) -> None:
-    """`python -m evolm` on a fresh cache (the tiny model is built too) learns.
+def test_default_demo_learns(tiny_model_dir: str, tmp_path: Path) -> None:
+    """`python -m evolm` learns (on the session's cache, its tiny model built once for every
+    test: a fresh cache's build and its progress lines are test_progress_log's).
 
     It takes < 60 s on 2 idle cores; the timeout is generous so a loaded CI machine does not fail
     a learning test on time (speed is measured by `make bench`, not by tests).
     """
     run_dir = tmp_path / "run"
     start = time.monotonic()
-    proc = run_cli(
-        [f"hydra.run.dir={run_dir}"], timeout=300, env={"EVOLM_CACHE_DIR": str(tmp_path / "cache")}
-    )
+    proc = run_cli([f"hydra.run.dir={run_dir}"], timeout=300)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "NOT LEARNING" not in proc.stdout + proc.stderr  # the health monitor stays quiet

@@ -29,6 +29,7 @@ def test_bench_tiny_writes_json_and_markdown(tmp_path) -> None:
     assert "(a) evolm local engine" in out_md.read_text()
 
 
+@pytest.mark.slow  # make test-all
 def test_bench_imports_no_hydra() -> None:
     code = (
         "import sys, benchmarks.__main__\n"

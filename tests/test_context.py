@@ -60,6 +60,7 @@ def test_a_prompt_longer_than_the_context_names_its_file_and_line(
     check_prompts_fit(tiny_model_dir, Conciseness(train_file=short, max_new_tokens=8), 3)
 
 
+@pytest.mark.slow  # make test-all (CI: the countdown runs of test_task_runs)
 def test_countdown_names_the_puzzle_and_fits_the_countdown_model(
     tiny_model_dir: str, countdown_model_dir: str
 ) -> None:

@@ -74,6 +74,7 @@ def test_missing_adapter_is_a_clear_error(
     assert "adapter/adapter_config.json does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # make test-all
 def test_export_prints_no_future_warning(run_dir: Path) -> None:
     """What a user runs prints no library deprecation: peft's ``PeftModel`` read transformers'
     deprecated ``is_gradient_checkpointing`` (a FutureWarning on every export)."""

@@ -547,6 +547,7 @@ def test_scorer_killed_mid_run_is_retried_and_nothing_is_lost(
     assert without_times(run_dir) == without_times(tmp_path / "baseline")
 
 
+@pytest.mark.slow  # make test-all
 def test_scorer_that_stays_down_is_one_error_after_bounded_retries(
     scorer: ScorerProcess, tmp_path: Path, tiny_model_dir: str
 ) -> None:

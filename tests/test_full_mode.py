@@ -208,6 +208,7 @@ def test_killed_full_run_resumes_to_the_byte_identical_model(
     assert strip(read_results(run_dir)) == strip(read_results(full_run))
 
 
+@pytest.mark.slow  # make test-all
 def test_full_mode_with_vllm_is_refused_before_any_model_loads(tmp_path: Path) -> None:
     proc = run_cli(
         ["es.mean=full", "server=vllm", f"hydra.run.dir={tmp_path / 'run'}"], timeout=120
@@ -293,6 +294,7 @@ def test_full_mode_on_sglang_equals_local(tmp_path: Path, tiny_model_dir: str) -
     assert model == (runs["local"] / MODEL_FILE).read_bytes()
 
 
+@pytest.mark.slow  # make test-all
 def test_standin_enforces_update_weights_from_disk_contract(
     tmp_path: Path, tiny_model_dir: str
 ) -> None:

@@ -208,6 +208,7 @@ def test_a_run_that_cannot_learn_warns_and_is_tagged(
     assert runs[0].data.tags[TAG] == "members_tie"
 
 
+@pytest.mark.slow  # make test-all
 def test_abort_ends_the_run_with_one_message(tmp_path: Path, tiny_model_dir: str) -> None:
     out = tmp_path / "run"
     overrides = [*FROZEN, "callbacks.health.patience=1", "callbacks.health.abort=true"]

@@ -116,6 +116,7 @@ def closed_port() -> int:
         return s.getsockname()[1]  # closed again when the socket is: nothing listens there
 
 
+@pytest.mark.slow  # make test-all
 def test_unreachable_store_never_costs_the_run(tmp_path: Path, tiny_model_dir: str) -> None:
     run_dir = tmp_path / "run"
     start = time.monotonic()

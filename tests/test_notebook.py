@@ -69,6 +69,7 @@ def test_analysis_notebook_executes(
     assert len(images) == 3  # the curves, the sweep's scatter, the reward-vs-KL front
 
 
+@pytest.mark.slow  # make test-all
 def test_the_documented_headless_command_runs(short_run: tuple[Path, str], tmp_path: Path) -> None:
     """The command the notebook names runs in the project's venv (before: `jupyter nbconvert`,
     which the venv lacks: `jupyter-nbconvert not found`)."""

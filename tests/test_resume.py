@@ -100,6 +100,7 @@ def test_killed_run_resumes_bit_identical(uninterrupted: Path, tmp_path: Path) -
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.slow  # make test-all
 def test_unusable_checkpoint_falls_back_to_the_previous(
     uninterrupted: Path, tmp_path: Path
 ) -> None:
@@ -150,7 +151,14 @@ def assert_untouched(run_dir: Path, before: dict[str, bytes]) -> None:
     assert run_files(run_dir) == before
 
 
-@pytest.mark.parametrize("override", ["seed=3", "es.population_size=2", "lora.rank=2"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "seed=3",
+        pytest.param("es.population_size=2", marks=pytest.mark.slow),  # make test-all
+        pytest.param("lora.rank=2", marks=pytest.mark.slow),
+    ],
+)
 def test_resume_with_another_seed_population_or_rank_is_refused(
     fast_run: Path, tmp_path: Path, override: str
 ) -> None:
@@ -166,7 +174,12 @@ def test_resume_with_another_seed_population_or_rank_is_refused(
     ("line", "edited", "named"),
     [
         ("seed: 0", "seed: 3", "seed=0 (config.yaml: 3)"),
-        ("  population_size: 4", "  population_size: 2", "es.population_size=4 (config.yaml: 2)"),
+        pytest.param(
+            "  population_size: 4",
+            "  population_size: 2",
+            "es.population_size=4 (config.yaml: 2)",
+            marks=pytest.mark.slow,  # make test-all
+        ),
         ("  rank: 4", "  rank: 2", "lora.rank=4 (config.yaml: 2)"),
     ],
 )

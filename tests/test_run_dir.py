@@ -155,6 +155,7 @@ def _wait_for(condition: object, proc: subprocess.Popen, what: str, timeout: flo
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # make test-all
 def test_second_process_on_a_run_directory_is_refused(tiny_model_dir: str, tmp_path: Path) -> None:
     """A run SIGKILLed leaves no lock behind (its resume starts); a second ``resume=`` of the
     directory while that resume runs is refused with one message naming it (before: both ran

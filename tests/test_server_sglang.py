@@ -305,6 +305,7 @@ def test_attached_population_in_waves_equals_local(narrow_url: str, tiny_model_d
     )
 
 
+@pytest.mark.slow  # make test-all
 def test_self_test_catches_a_server_that_ignores_adapters(
     tiny_model_dir: str, layout: LoraLayout
 ) -> None:
@@ -314,6 +315,7 @@ def test_self_test_catches_a_server_that_ignores_adapters(
         )
 
 
+@pytest.mark.slow  # make test-all
 def test_killed_server_is_restarted_and_nothing_lost(
     engine: SGLangEngine, local: LocalEngine
 ) -> None:
@@ -377,14 +379,8 @@ def test_cli_run_attached_to_a_launcher_started_server(tiny_model_dir: str, tmp_
         server.stop()
 
 
-@pytest.mark.parametrize(
-    "sig",
-    [
-        pytest.param(signal.SIGINT, marks=pytest.mark.slow),  # `make test-all`
-        signal.SIGTERM,
-        pytest.param(signal.SIGKILL, marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow  # make test-all (CI: test_interrupt's SIGTERM, the stand-in's CLI run)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_interrupted_run_leaves_no_server_and_no_adapters(
     tiny_model_dir: str, tmp_path: Path, sig: signal.Signals
 ) -> None:

@@ -43,6 +43,7 @@ def check_equal(got: tuple, reference: tuple) -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow  # make test-all (CI: the tiny model through the stand-in)
 def test_sglang_contract_generation_equals_local(
     smollm2_dir: str, layout: LoraLayout, reference: tuple
 ) -> None:

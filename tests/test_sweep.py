@@ -123,6 +123,7 @@ def test_failed_trial_is_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
     assert (sweep_dir / "optimization_results.yaml").is_file(), "the sweep finished"
 
 
+@pytest.mark.slow  # make test-all
 def test_a_sweep_whose_trials_all_fail_ends_with_evolms_message(tmp_path: Path) -> None:
     """No trial completes (rank 0 fails before any model loads): evolm's message and exit 1,
     not Optuna's ``ValueError: Record does not exist.``; no Hydra execution-whitelist warning."""

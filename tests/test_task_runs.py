@@ -61,6 +61,7 @@ def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
         assert "accuracy" in scores and not [k for k in scores if k.startswith("_")]
 
 
+@pytest.mark.slow  # make test-all
 def test_countdown_run_records_the_train_test_overlap(
     tmp_path: Path, countdown_model_dir: str
 ) -> None:
@@ -95,6 +96,7 @@ def test_headline_countdown_command_learns(tmp_path: Path, countdown_model_dir: 
     assert end["eval/reward_mean"] >= start["eval/reward_mean"] + 0.05, trace
 
 
+@pytest.mark.slow  # make test-all (CI: test_task_scorer against the real service)
 def test_scorer_run(tmp_path: Path, tiny_model_dir: str, start_server: StartServer) -> None:
     scorer_url = start_server()
     records = run(
