@@ -63,6 +63,7 @@ def test_bench_fp8_methods_time_the_quantized_engine(tmp_path) -> None:
     assert record["check"]["max_abs_diff"] < 1e-4  # the engine was left unquantized
 
 
+@pytest.mark.slow  # make test-all
 def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
     """W-real's driver on the tiny shape (``python -m benchmarks.real``, a subprocess): the local
     methods through the public engine API generate every forced token; ``waves`` (removed) is

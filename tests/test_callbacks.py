@@ -26,6 +26,7 @@ def docs_example() -> str:
     return code
 
 
+@pytest.mark.slow  # make test-all
 def test_the_docs_example_callback_gets_typed_records(tmp_path: Path, tiny_model_dir: str) -> None:
     """docs/callbacks.md's BestEval, in a module of its own, added from the command line as the
     docs say: it reads the typed record (``eval_reward``, ``es``) of a real run."""

@@ -101,6 +101,7 @@ def test_untrusted_target_names_trusted_targets(tmp_path: Path) -> None:
         train(cfg)
 
 
+@pytest.mark.slow  # make test-all (CI: the misspelt-key CLIs)
 def test_cli_reports_one_clear_message(tmp_path: Path) -> None:
     proc = run_cli(["es.sigma=-1", f"hydra.run.dir={tmp_path}"], timeout=120)
     assert proc.returncode == 2

@@ -131,7 +131,13 @@ def peft_reference(
     return out
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "hf-path"])
+@pytest.mark.parametrize(
+    "fast",
+    [
+        pytest.param(True, id="fast-path"),
+        pytest.param(False, id="hf-path", marks=pytest.mark.slow),  # make test-all
+    ],
+)
 def test_population_equals_transformers_peft_per_member(
     engine: LocalEngine, layout: LoraLayout, peft_reference: dict[int, list[str]], fast: bool
 ) -> None:
@@ -152,6 +158,7 @@ def test_population_equals_transformers_peft_per_member(
         assert ours[m] == peft_reference[m], m
 
 
+@pytest.mark.slow  # make test-all (CI: test_export on the tiny model)
 def test_export_merges_and_round_trips(
     layout: LoraLayout, smollm2_dir: str, tmp_path: Path
 ) -> None:
