@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from evolm.engine import stops as stops_module
 from evolm.engine.local import LocalEngine
+from evolm.engine.sampler import prefixes, row_lengths
 from evolm.engine.stops import StopTable, byte_automaton, token_bytes
 from evolm.errors import ConfigError
 from evolm.es import ES
@@ -161,3 +162,24 @@ def test_without_a_byte_level_tokenizer_texts_are_still_cut(
         assert all(not cut_at_stop(engine.tokenizer.decode(i[:-1]), stop)[1] for i in ids)
     finally:
         engine.use_layout(engine.layout)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_are_cut_at_eos_and_trailing_pads_on_the_device_as_row_by_row(seed: int) -> None:
+    """The vectorised cut (only kept ids reach the host) equals the row-by-row reading: the
+    tokens up to the first EOS, and that prefix's length without its trailing pads."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 6, (40, 17), generator=g)  # 4, 5 are EOS, 3 the pad: many of each
+    tokens[::3, 9:] = 3  # rows stopped by a stop string: pads to the end
+    tokens[1] = 0  # no EOS, no pad
+    tokens[2] = 3  # nothing but pads
+    ends, bodies = row_lengths(tokens, [4, 5], pad_id=3)
+    kept = prefixes(tokens, ends)
+    assert prefixes(tokens, bodies) == [ids[:n] for ids, n in zip(kept, bodies, strict=True)]
+    for row, ids, body in zip(tokens.tolist(), kept, bodies, strict=True):
+        cut = next((i for i, t in enumerate(row) if t in (4, 5)), len(row))
+        assert ids == row[:cut]
+        stripped = row[:cut]
+        while stripped and stripped[-1] == 3:
+            stripped = stripped[:-1]
+        assert body == len(stripped)

@@ -49,7 +49,7 @@ from evolm.engine.hf.generation import generate_tokens
 from evolm.engine.hf.kl import Scored, kl_along
 from evolm.engine.hf.multilora import attach, load_population
 from evolm.engine.options import LocalOptions, Tuning
-from evolm.engine.sampler import strip_after_eos
+from evolm.engine.sampler import prefixes, row_lengths
 from evolm.engine.stops import StopTable, stop_table
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
@@ -180,6 +180,7 @@ class LocalEngine(Engine):
         self._stop_tables: dict[tuple[str, ...], StopTable | None] = {}
         self._fast_lora: dict[int, FastLora] = {}
         self._host_timings: dict[str, float] = {}  # around the last fast-path generation
+        self._special_ids = set() if tokenizer is None else set(tokenizer.all_special_ids)
         self._lora_version = -1  # the fast forward's weights_version the buffers were made for
         reason = None if options.fast is False else unsupported_reason(self.model)
         if options.fast and reason is not None:
@@ -325,27 +326,28 @@ class LocalEngine(Engine):
         after its first stop string: :func:`~evolm.sampling.cut_at_stop`), as
         :class:`Completion` s: a row without an EOS or stop string ran out of budget
         (truncated)."""
-        kept = strip_after_eos(tokens, self.eos_ids)
-        texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
+        ends, bodies = row_lengths(tokens, self.eos_ids, self.pad_id)
+        special = self.pad_id in self._special_ids  # trailing pads decode to nothing
+        heads = prefixes(tokens, bodies if special else ends)
+        texts = self.tokenizer.batch_decode(heads, skip_special_tokens=True)
         steps = tokens.shape[1]
         exact = self.stop_table(stop) is not None  # rows ended at the stop: nothing to search
         out = []
-        for text, ids in zip(texts, kept, strict=True):
+        for row, (text, ids) in enumerate(zip(texts, heads, strict=True)):
             cut, stopped = cut_at_stop(text, stop)
-            if stopped:
-                ids = self._stop_prefix(ids, stop, exact)
+            if stopped:  # after the stop, the row holds pad ids
+                ids = ids[: bodies[row]]
+                ids = ids if exact else self._stop_prefix(ids, stop)
+            elif len(ids) < ends[row]:  # pads the model wrote itself: they are its tokens
+                ids = tokens[row, : ends[row]].tolist()
             truncated = not stopped and len(ids) == steps
             out.append(Completion(cut, truncated=truncated, token_ids=ids, stopped=stopped))
         return out
 
-    def _stop_prefix(self, ids: list[int], stop: tuple[str, ...], exact: bool) -> list[int]:
-        """The shortest prefix of ``ids`` whose text holds a stop string: the tokens that were
-        generated. ``exact`` (a stop table ended the row): ``ids`` up to the pads that follow
-        it; else the row ran on and the prefix is found by bisection (a decode per step)."""
-        while ids and ids[-1] == self.pad_id:  # after the stop, the row holds pad ids
-            ids = ids[:-1]
-        if exact:
-            return ids
+    def _stop_prefix(self, ids: list[int], stop: tuple[str, ...]) -> list[int]:
+        """The shortest prefix of ``ids`` (a row that ran on past its stop string, without its
+        trailing pads) whose text holds a stop string: the tokens that were generated, found by
+        bisection (a decode per step)."""
         lo, hi = 1, len(ids)  # the shortest prefix length with a stop string is in [lo, hi]
         if cut_at_stop(self.tokenizer.decode(ids[:-1], skip_special_tokens=True), stop)[1]:
             while lo < hi:
