@@ -160,3 +160,18 @@ def test_sglang_adapter_slots_default_to_population_plus_one(tmp_path: Path) -> 
     fixed = ["server=sglang", "server.max_loras_per_batch=9", f"output_dir={tmp_path}"]
     cfg = compose_config(fixed)
     assert cfg.server.max_loras_per_batch == 9
+
+
+def test_the_cli_asks_for_expandable_cuda_segments_unless_the_user_set_the_allocator() -> None:
+    """A KV cache re-planned between training and evaluation needs one large free block: the
+    CLI's default (evolm.__main__.allocator_defaults) keeps freed memory unsplit; a user's
+    own allocator setting, under either of torch's names, is left alone."""
+    from evolm.__main__ import allocator_defaults
+
+    env: dict[str, str] = {}
+    allocator_defaults(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        mine = {name: "max_split_size_mb:512"}
+        allocator_defaults(mine)
+        assert mine == {name: "max_split_size_mb:512"}

@@ -221,9 +221,15 @@ def test_drop_templates_filters_a_data_file(tmp_path: Path, caplog: pytest.LogCa
     assert puzzles(task.eval) == [MULDIV]  # SUM, MINUS_PLUS, SUM4 dropped
     assert len(task.train) == 3  # the training split is kept whole
     assert f"dropped 3 of the 4 test puzzles of {data}" in caplog.text
-    both = Countdown(data_file=str(data), train_size=3, samples_per_generation=1,
+    both = Countdown(data_file=str(data), train_size=3, samples_per_generation=None,
                      drop_templates="both")  # fmt: skip
     assert puzzles(both.train) == [ADDSUB, MULDIV]
+    # null: every puzzle the split kept, every generation (a count of 3 is refused, naming it)
+    assert [puzzles(both.train_examples(g)) for g in (1, 2)] == [[ADDSUB, MULDIV]] * 2
+    with pytest.raises(ConfigError) as e:
+        Countdown(data_file=str(data), train_size=3, samples_per_generation=3,
+                  drop_templates="both")  # fmt: skip
+    assert e.value.key == "samples_per_generation"
     with pytest.raises(ConfigError) as e:
         Countdown(data_file=str(data), train_size=6, samples_per_generation=1,
                   drop_templates="test")  # fmt: skip

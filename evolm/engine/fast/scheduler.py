@@ -202,6 +202,8 @@ class Scheduler:
         # ``ws`` kept a whole KV cache alive, and a larger eval plan found no memory left)
         ws = None
         self.reset()
+        if self.device.type == "cuda":  # the old cache's blocks back to the device, measured free
+            torch.cuda.empty_cache()
         prefill = self._prefill_budget() * self._per_token()
         plan = plan_slots(
             self.shape(lora),

@@ -93,8 +93,9 @@ def _check_train_size(n: int, train_size: int) -> None:
         )
 
 
-def _check_counts(per_generation: int, eval_samples: int | None) -> None:
-    _positive("samples_per_generation", per_generation, "e.g. 8")
+def _check_counts(per_generation: int | None, eval_samples: int | None) -> None:
+    if per_generation is not None:
+        _positive("samples_per_generation", per_generation, "e.g. 8, or null for every one")
     if eval_samples is not None:
         _positive("eval_samples", eval_samples, "e.g. 32, or null for the whole test split")
 
@@ -127,7 +128,9 @@ class Countdown(Task):
             puzzle a fixed operator pattern solves (generated splits keep their size, a data
             file's split shrinks).
         samples_per_generation: training prompts per generation; generation ``g`` takes the
-            ``g``-th window of the training split, wrapping around (:func:`cycling_window`).
+            ``g``-th window of the training split, wrapping around (:func:`cycling_window`);
+            ``None``: every training prompt every generation (the paper's setting, also after
+            ``drop_templates`` shrank the split).
         eval_samples: evaluate the mean on the first ``eval_samples`` test records; ``None``
             means the whole test split (larger values are clamped to it).
         chat_template: ``False``: the paper's verbatim prompt; ``True``: a system message (the
@@ -150,7 +153,7 @@ class Countdown(Task):
         target_min: int = 1,
         target_max: int = 100,
         drop_templates: str | None = None,
-        samples_per_generation: int = 16,
+        samples_per_generation: int | None = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
         max_new_tokens: int = 1024,
@@ -161,14 +164,14 @@ class Countdown(Task):
         stop = stop if isinstance(stop, str) else tuple(stop)  # a bare string: Sampling refuses
         self.sampling = Sampling(max_new_tokens, temperature, top_p, stop=stop)  # type: ignore[arg-type]
         self.chat_template = chat_template
-        self.samples_per_generation = samples_per_generation
         check_source(generator, drop_templates, target_min, target_max)
         _check_counts(samples_per_generation, eval_samples)
         targets = (target_min, target_max)
         train, test = self._splits(
             data_file, train_size, generate_count, seed, generator, targets, drop_templates
         )
-        _check_window(samples_per_generation, len(train))
+        self.samples_per_generation = samples_per_generation or len(train)
+        _check_window(self.samples_per_generation, len(train))
         kind = "" if generator == "tree" else f"{generator}, "
         where = f"{data_file} record" if data_file else f"generated ({kind}seed {seed}) puzzle"
         self.train = [self._example(r, f"{where} {i}") for i, r in train]
