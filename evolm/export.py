@@ -1,5 +1,10 @@
 """``python -m evolm.export <run dir> [--out DIR]``: the run's final adapter merged into its base.
 
+``--checkpoint FILE|latest`` first writes the mean of one of the run's checkpoints as a PEFT
+adapter, ``<run dir>/adapter-gen<N>/`` (a run stopped before its end, by SIGTERM or a lease's time
+limit, has checkpoints but no ``adapter/``); ``--adapter-only`` stops there. LoRA runs only: a
+full-mode checkpoint's mean is the full weights (resume it to its end to write ``model/``).
+
 Loads the base model named in ``<run dir>/adapter/adapter_config.json`` (or ``--base``), applies
 the adapter with peft, folds it into the weights (``merge_and_unload``) and writes a plain
 transformers checkpoint with the tokenizer to ``DIR`` (default ``<run dir>/merged``), written
@@ -122,7 +127,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="dtype of the merged weights (auto: the base checkpoint's)",
     )
     parser.add_argument("--name", default="evolm", help="the adapter's name on a server")
+    parser.add_argument(
+        "--checkpoint",
+        help="a checkpoint of the run (a path, a file name in <run dir>/checkpoints, or latest): "
+        "its mean is written as <run dir>/adapter-gen<N>/ and exported instead of adapter/",
+    )
+    parser.add_argument(
+        "--adapter-only", action="store_true", help="with --checkpoint: write the adapter only"
+    )
     args = parser.parse_args(argv)
+    if args.adapter_only and args.checkpoint is None:
+        parser.error("--adapter-only needs --checkpoint (adapter/ exists already)")
+    if args.checkpoint is not None:
+        return args
     if (args.run_dir / "model" / "config.json").is_file():
         parser.error(
             f"{args.run_dir} is an es.mean=full run: {args.run_dir / 'model'} is already a plain "
@@ -193,12 +210,78 @@ def check_adapter(adapter: Path) -> dict[str, Any]:
     return config
 
 
+def find_checkpoint(run_dir: Path, which: str) -> Path:
+    """``which`` as a file: ``latest`` (the newest in ``<run dir>/checkpoints``), a file name
+    there, or a path; a :class:`ConfigError` naming ``--checkpoint`` if there is none."""
+    from evolm.checkpoint import checkpoints
+
+    folder = run_dir / "checkpoints"
+    if which == "latest":
+        found = checkpoints(folder)
+        if not found:
+            raise ConfigError("--checkpoint", f"{folder} holds no checkpoint", "train first")
+        return found[-1][1]
+    path = Path(which) if Path(which).is_file() else folder / which
+    if not path.is_file():
+        raise ConfigError(
+            "--checkpoint", f"{which} is neither a file nor in {folder}", "name one, or latest"
+        )
+    return path
+
+
+def adapter_from_checkpoint(run_dir: Path, which: str, base: str | None) -> Path:
+    """Write the mean of the run's checkpoint ``which`` (:func:`find_checkpoint`) as the PEFT
+    adapter ``<run dir>/adapter-gen<N>/``, the files a finished run writes to ``adapter/``. The
+    LoRA spec is the checkpoint's own record of the run; the layout comes from the config of
+    ``base`` (default: the run's ``model.name``): no weights load. A checkpoint whose tensors do
+    not fit that layout (a full-mode run's, another model's) is one :class:`ConfigError`."""
+    from transformers import AutoConfig
+
+    from evolm.checkpoint import CheckpointError, check_shapes, load_checkpoint
+    from evolm.lora import LoraLayout, LoraSpec
+    from evolm.lora.peft_io import save_adapter
+
+    path = find_checkpoint(run_dir, which)
+    try:
+        ck = load_checkpoint(path)
+    except CheckpointError as e:
+        raise ConfigError("--checkpoint", f"{path}: {e}", "choose another checkpoint") from None
+    run = ck.run
+    base = base or str(run.get("model.name") or "")
+    try:
+        hf = AutoConfig.from_pretrained(base)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            "--base",
+            f"no transformers config at {base!r} ({type(e).__name__})",
+            "pass --base with the base model's folder (a GGUF model's: its converted folder "
+            "in EVOLM_CACHE_DIR/models)",
+        ) from None
+    names = ("rank", "alpha", "target_modules", "target_layers")
+    spec = LoraSpec(**{n: run[f"lora.{n}"] for n in names if run.get(f"lora.{n}") is not None})
+    layout = LoraLayout.from_hf_config(hf, spec)
+    try:
+        check_shapes(ck, layout.shapes())
+    except ConfigError as e:
+        raise ConfigError(
+            "--checkpoint", e.problem, "a LoRA run's checkpoint with its base model's --base"
+        ) from None
+    out = run_dir / f"adapter-gen{ck.generation:06d}"
+    save_adapter(out, layout, ck.es["mean"], base_model=base)
+    log.info("the mean of %s (generation %d): %s", path, ck.generation, out)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     adapter = args.run_dir.resolve() / "adapter"
     out = (args.out or args.run_dir / "merged").resolve()
     try:  # a damaged adapter or a bad --out: one message, before the base model loads
+        if args.checkpoint is not None:
+            adapter = adapter_from_checkpoint(args.run_dir.resolve(), args.checkpoint, args.base)
+            if args.adapter_only:
+                return 0
         config = check_adapter(adapter)
         check_out(args.run_dir, out)
     except ConfigError as e:

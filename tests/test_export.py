@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from evolm.export import MARKER, main
 from evolm.lora import LoraLayout, LoraSpec, save_adapter
+from evolm.lora.peft_io import read_adapter_config, read_adapter_weights
 from tests.helpers import REPO
 
 
@@ -161,3 +164,32 @@ def test_export_replaces_an_earlier_export_readable_as_the_umask_says(
         assert (default / MARKER).is_file()
     finally:
         os.umask(old)
+
+
+def test_a_checkpoints_mean_is_written_as_the_adapter_a_finished_run_writes(
+    short_run: tuple[Path, str],
+    tmp_path: Path,
+    tiny_model_dir: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``--checkpoint latest --adapter-only``: the newest checkpoint of a finished run holds its
+    final mean, so the adapter written from it equals the run's own ``adapter/``, tensor for
+    tensor; a --base of another shape or none at all is one error naming the option."""
+    run = tmp_path / "run"
+    shutil.copytree(short_run[0], run)
+    args = [str(run), "--checkpoint", "latest", "--adapter-only", "--base", tiny_model_dir]
+    assert main(args) == 0
+    (written,) = run.glob("adapter-gen*")
+    got, final = read_adapter_weights(written), read_adapter_weights(run / "adapter")
+    assert got.keys() == final.keys()
+    assert all(torch.equal(got[k], final[k]) for k in final)
+    assert read_adapter_config(written) == read_adapter_config(run / "adapter")
+
+    wider = AutoConfig.from_pretrained(tiny_model_dir)
+    wider.intermediate_size *= 2
+    wider.save_pretrained(tmp_path / "wider")
+    with caplog.at_level(logging.ERROR):
+        assert main([*args[:-1], str(tmp_path / "wider")]) == 2
+        assert main([*args[:-1], str(tmp_path / "nothing")]) == 2
+    assert "--checkpoint: checkpoint" in caplog.text and "does not fit" in caplog.text
+    assert f"--base: no transformers config at '{tmp_path / 'nothing'}'" in caplog.text

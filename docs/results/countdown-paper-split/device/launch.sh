@@ -1,6 +1,7 @@
 #!/bin/bash
 # One run in the background on one GPU of an offline device machine (how session 1 ran).
 #   bash launch.sh SECONDS GPU NAME q05|q15 "overrides"
+#   bash launch.sh SECONDS GPU NAME q05|q15 resume    (continue /root/runs/NAME: no overrides)
 # Expects /root/p/<model>.part-* (the model's GGUF in pieces, as carried), /root/countdown.json,
 # and the wheelhouse installed. The run stops itself after SECONDS with SIGTERM (evolm
 # checkpoints its last generation and exits 143); `resume=/root/runs/NAME` continues it.
@@ -18,7 +19,12 @@ if [ ! -f /root/$m.converted ]; then  # convert once, before runs start side by 
   touch /root/$m.converted
 fi
 mkdir -p /root/runs
-CUDA_VISIBLE_DEVICES=$gpu setsid nohup timeout -s TERM "$T" python3 -m evolm \
-  experiment=qwen05_paper_countdown model=$model model.gguf_file=/root/$m.gguf logger=none \
-  hydra.run.dir=/root/runs/$name $over > /root/runs/$name.log 2>&1 < /dev/null &
+if [ "$over" = resume ]; then  # a resume takes no overrides: the run's config.yaml holds them
+  args="resume=/root/runs/$name"
+  [ -f /root/runs/$name.log ] && mv /root/runs/$name.log /root/runs/$name.$(date +%s).log
+else
+  args="experiment=qwen05_paper_countdown model=$model model.gguf_file=/root/$m.gguf logger=none hydra.run.dir=/root/runs/$name $over"
+fi
+CUDA_VISIBLE_DEVICES=$gpu setsid nohup timeout -s TERM "$T" python3 -m evolm $args \
+  > /root/runs/$name.log 2>&1 < /dev/null &
 echo "launched $name on GPU $gpu ($model): $over"
