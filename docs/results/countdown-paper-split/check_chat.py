@@ -1,0 +1,83 @@
+"""An outside check of a chat-prompt countdown adapter with plain transformers + peft (no evolm
+code): the paper's test puzzles, the chat prompt rebuilt from each record's own verbatim prompt
+with the tokenizer's chat template, greedy decoding cut after the first ``</answer>`` (as the runs'
+``task.stop``), scored by ../shared/tools/countdown_check.py's reward and family rule.
+
+  python docs/results/countdown-paper-split/check_chat.py MODEL_DIR ADAPTER_DIR OUT.json [N] [MAX_NEW]
+
+N: the first N of the 2,000 test puzzles (default 2000); MAX_NEW new tokens (default 1024).
+Runs on a GPU when there is one (bf16), else on the CPU (float32).
+"""
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "shared" / "tools"))
+from countdown_check import family, reward  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "countdown" / "countdown.json"
+PREFIX = "Let me solve this step by step.\n<think>"
+
+
+def chat_prompt(tok, context: str) -> str:
+    """The record's verbatim prompt as system (its first sentence) + user (the rest) messages and
+    the assistant's opening: what ``task.chat_template=true`` sends."""
+    system, rest = re.match(r"(.*?the answer\.)(Using .*)", context, re.DOTALL).groups()
+    user = rest.removesuffix(PREFIX)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + PREFIX
+
+
+def main() -> None:
+    model_dir, adapter, out = sys.argv[1:4]
+    n = int(sys.argv[4]) if len(sys.argv) > 4 else 2000
+    max_new = int(sys.argv[5]) if len(sys.argv) > 5 else 1024
+    gpu = torch.cuda.is_available()
+    records = json.loads(DATA.read_text())[-2000:][:n]
+    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.bfloat16 if gpu else torch.float32
+    )
+    model = PeftModel.from_pretrained(model.to("cuda" if gpu else "cpu"), adapter).eval()
+    start, texts = time.time(), []
+    batch = 100 if gpu else 20
+    for i in range(0, len(records), batch):
+        chunk = [chat_prompt(tok, r["context"]) for r in records[i : i + batch]]
+        enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = enc.to(model.device)
+        with torch.no_grad():
+            ids = model.generate(
+                **enc, max_new_tokens=max_new, do_sample=False, stop_strings=["</answer>"],
+                tokenizer=tok, pad_token_id=tok.pad_token_id,
+            )  # fmt: skip
+        for t in tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
+            texts.append(t.split("</answer>")[0] + "</answer>" if "</answer>" in t else t)
+        print(f"{len(texts)}/{len(records)} in {time.time() - start:.0f} s", flush=True)
+    scores = [reward(t, r["numbers"], r["target"]) for t, r in zip(texts, records)]
+    by: dict[str, list[int]] = {}
+    for r, s in zip(records, scores):
+        by.setdefault(family(r), [0, 0])
+        by[family(r)][0] += 1
+        by[family(r)][1] += s[2] > 0
+    result = {
+        "model": model_dir, "adapter": adapter, "puzzles": len(records), "max_new_tokens": max_new,
+        "accuracy": sum(s[2] > 0 for s in scores) / len(records),
+        "format": sum(s[1] for s in scores) / len(records),
+        "by_family": {f: f"{c}/{t}" for f, (t, c) in sorted(by.items())},
+        "seconds": round(time.time() - start),
+        "answers": [{"numbers": r["numbers"], "target": r["target"], "completion": t,
+                     "correct": s[2] > 0} for r, t, s in zip(records, texts, scores)],
+    }  # fmt: skip
+    Path(out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "answers"}))
+
+
+if __name__ == "__main__":
+    main()
