@@ -276,7 +276,13 @@ class LocalEngine(Engine):
                     done.update({(m, p): text for p, text in zip(chosen, texts, strict=True)})
             return [done[row] for row in rows]
         start = time.perf_counter()
-        enc = self.tokenizer([prompts[p] for _, p in rows], return_tensors="pt", padding=True)
+        # each distinct prompt once (a generation's rows repeat its prompts once per member),
+        # padded among the prompts the rows use: the same tensors as tokenizing every row
+        used = sorted({p for _, p in rows})
+        enc = self.tokenizer([prompts[p] for p in used], return_tensors="pt", padding=True)
+        at = {p: i for i, p in enumerate(used)}
+        index = torch.tensor([at[p] for _, p in rows], dtype=torch.long)
+        enc = {k: enc[k][index] for k in ("input_ids", "attention_mask")}
         member = torch.tensor([m for m, _ in rows], dtype=torch.long)
         generator = torch.Generator(self.device).manual_seed(seed)
         tokenized = time.perf_counter()
