@@ -40,13 +40,15 @@ MINUS_PLUS2 = ([20, 5, 1], "16")  # 20 - 5 + 1
 
 
 def test_templates_and_families_of_hand_made_puzzles() -> None:
-    assert classify(*SUM) == PuzzleInfo(3, frozenset({"++"}), "template")
+    assert classify(*SUM) == PuzzleInfo(3, frozenset({"++"}), "template", frozenset({"r++"}))
     assert classify(*SUM).solved_by("sum") and not classify(*SUM).solved_by("chain_sub")
-    minus_plus = classify(*MINUS_PLUS)
-    assert minus_plus == PuzzleInfo(3, frozenset({"-+"}), "template")
+    minus_plus = classify(*MINUS_PLUS)  # 10 - 3 + 5; largest first: 10 + 5 - 3
+    assert minus_plus == PuzzleInfo(3, frozenset({"-+"}), "template", frozenset({"r+-"}))
     assert minus_plus.template_solvable and not minus_plus.solved_by("sum")
-    assert classify(*ADDSUB) == PuzzleInfo(3, frozenset(), "addsub")  # order matters
-    assert classify(*MULDIV) == PuzzleInfo(3, frozenset(), "muldiv")
+    # order matters for the family; the size-order rule 10 + 5 - 3 solves it all the same
+    assert classify(*ADDSUB) == PuzzleInfo(3, frozenset(), "addsub", frozenset({"r+-"}))
+    # (4 + 3) * 2 and 4 * 3 + 2: size-order rules with * (the family is the puzzle order's)
+    assert classify(*MULDIV) == PuzzleInfo(3, frozenset(), "muldiv", frozenset({"r+*", "r*+"}))
     assert classify(*UNSOLVABLE) == PuzzleInfo(3, frozenset(), "unsolvable")
     assert classify(*SUM4).patterns == {"+++", "**+"}
     assert solving_patterns([8, 4, 2], "1") == {"//"}  # 8 / 4 / 2, exactly
@@ -73,6 +75,8 @@ def test_the_solver_uses_every_number_once_and_finds_an_expression() -> None:
         ("(10 - 3) + 5", [10, 3, 5], "(a - b) + c", True),  # parentheses only left to right
         ("10 - (3 - 5)", [10, 3, 5], "a - (b - c)", False),  # = 12, but not the chain a - b - c
         ("10 - 3 + 5", [3, 10, 5], "b - a + c", False),  # mixed operators, not the given order
+        ("(10 + 5) - 3", [3, 10, 5], "(b + c) - a", True),  # largest first: a size-order rule
+        ("(5 + 10) - 3", [3, 10, 5], "(c + b) - a", False),  # neither order
         ("-3 + 10 + 5", [3, 10, 5], "- a + b + c", False),  # a unary sign
         ("(3 + 4) * 2", [2, 3, 4], "(b + c) * a", False),
         ("2 * 3 * 4", [2, 3, 4], "a * b * c", True),  # a product
@@ -138,6 +142,8 @@ def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
     expected = {
         # 3 numbers: "-+" solves 2 puzzles (4 rows), "++" 1; 4 numbers: SUM4 (2 rows)
         "shortcut_accuracy": 6 / 14,
+        # largest first: "r+-" solves MINUS_PLUS and ADDSUB (4 rows); SUM4 "r+++" (2 rows)
+        "shortcut/by_size": 6 / 14,
         "shortcut/sum": 4 / 14,  # SUM and SUM4
         "shortcut/product": 0.0,
         "shortcut/chain_sub": 0.0,
@@ -265,15 +271,18 @@ def test_stop_strings_reach_the_sampling_of_both_paper_tasks() -> None:
 
 @pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
 def test_the_best_template_on_the_papers_test_split() -> None:
-    """975 3-number puzzles x 20.1% (a - b + c) and 1,025 4-number x 4.5% (a + b + c - d)."""
+    """In the puzzle's order: 975 3-number puzzles x 20.1% (a - b + c) and 1,025 4-number x
+    4.5% (a + b + c - d), 12.1%. Largest first: 28.4% (largest - middle + smallest) and 7.1%
+    (the two largest minus the others), 17.5%: what the best fixed rule scores."""
     records = json.loads(PAPER_FILE.read_text())[200:]
-    infos = [
-        PuzzleInfo(len(r["numbers"]), solving_patterns(r["numbers"], r["target"]), None)
-        for r in records
-    ]
+    infos = [classify(r["numbers"], r["target"]) for r in records]
     rates = puzzle_rates(infos)
-    assert rates["shortcut_accuracy"] == (196 + 46) / 2000  # 12.1%
+    assert rates["shortcut_accuracy"] == rates["shortcut/by_size"] == (277 + 73) / 2000
     threes = [i for i in infos if i.size == 3]
     assert sum("-+" in i.patterns for i in threes) == 196 and len(threes) == 975
     assert sum("++-" in i.patterns for i in infos if i.size == 4) == 46
+    assert sum("r-+" in i.ranked for i in threes) == 277
+    assert sum("r+--" in i.ranked for i in infos if i.size == 4) == 73
+    in_order = [PuzzleInfo(i.size, i.patterns, i.family) for i in infos]
+    assert puzzle_rates(in_order)["shortcut_accuracy"] == (196 + 46) / 2000  # 12.1%
     assert rates["template_solvable_share"] == pytest.approx(0.3915)

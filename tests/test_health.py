@@ -272,7 +272,7 @@ def test_accuracy_that_rises_only_on_template_puzzles_is_a_shortcut(
     assert "(eval/accuracy_mean) rose from 0.0% to 28.6%" in warning
     assert "(eval/accuracy_beyond_shortcuts) went from 0.0% to 0.0%" in warning
     assert "100.0% of the correct answers are template answers (eval/template_share)" in warning
-    assert "the best template alone scores 42.9% on these puzzles" in warning  # 3 of 7
+    assert "the best fixed rule alone scores 42.9% on these puzzles" in warning  # 3 of 7
     assert f"{tmp_path}/samples/gen-*.jsonl" in warning and ctx.tags[TAG] == "shortcut"
 
 
@@ -287,7 +287,11 @@ def test_a_shortcut_is_told_from_the_template_share_and_aborts_with_abort(tmp_pa
     mostly_sums = [*SUMS[:2], "10 - 3 + 5", *SUMS[3:]]  # 1 of 3 non-template puzzles solved
     ev = countdown_eval(mostly_sums)
     assert ev["eval/accuracy_beyond_shortcuts"] == 1 / 3 and ev["eval/template_share"] == 2 / 3
-    assert not evals(tmp_path, NOTHING, mostly_sums).tags  # beyond shortcuts rose enough
+    # beyond shortcuts rose enough, and 3 of 7 is as much as the best fixed rule scores
+    assert ev["eval/accuracy_mean"] == ev["eval/shortcut_accuracy"] == 3 / 7
+    assert not evals(tmp_path, NOTHING, mostly_sums).tags
+    fewer = [*mostly_sums[:4], None, None, SUMS[6]]  # the same less SUM4's sum: 2 of 7
+    assert evals(tmp_path, NOTHING, fewer).tags[TAG] == "shortcut"  # below one fixed rule
     with pytest.raises(RunAborted, match=r"rose from 0\.0% to 28\.6%"):
         evals(tmp_path, NOTHING, SUMS, abort=True)
     for share, reported in ((0.95, True), (0.85, False)):  # beyond rose by a third of 0.3

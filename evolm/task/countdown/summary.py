@@ -14,9 +14,12 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from evolm import metrics as M
-from evolm.task.countdown.shortcuts import FAMILIES, TEMPLATES, PuzzleInfo
+from evolm.task.countdown.shortcuts import FAMILIES, RANKED, TEMPLATES, PuzzleInfo
 
 __all__ = ["family_shares", "puzzle_rates", "shortcut_summary"]
+
+BY_SIZE = "by_size"
+"""``shortcut/by_size``: the best size-order rule per puzzle size."""
 
 ACCURACY_FAMILIES = ("template", "addsub", "muldiv")
 """The families whose accuracy is logged (an unsolvable puzzle's is 0 by definition)."""
@@ -24,16 +27,19 @@ ACCURACY_FAMILIES = ("template", "addsub", "muldiv")
 
 def puzzle_rates(infos: Sequence[PuzzleInfo]) -> dict[str, float]:
     """What templates score on these puzzles, whatever a model answered: ``shortcut_accuracy``
-    (the best fixed pattern per puzzle size, weighted by the sizes' counts), ``shortcut/<name>``
-    per named template, and ``template_solvable_share``; empty for no puzzles."""
+    (the best fixed rule per puzzle size, over the puzzle's order or the size order, weighted
+    by the sizes' counts), ``shortcut/by_size`` (the best size-order rule alone),
+    ``shortcut/<name>`` per named template, and ``template_solvable_share``; empty for no
+    puzzles."""
     if not infos:
         return {}
-    best = 0
+    best = ranked = 0
     for rows in _by_size(infos).values():
-        counts = Counter(p for i in rows for p in infos[i].patterns)
+        counts = Counter(p for i in rows for p in infos[i].patterns | infos[i].ranked)
         best += max(counts.values(), default=0)
+        ranked += max((c for p, c in counts.items() if p.startswith(RANKED)), default=0)
     n = len(infos)
-    out = {M.SHORTCUT_ACCURACY: best / n}
+    out = {M.SHORTCUT_ACCURACY: best / n, M.shortcut(BY_SIZE): ranked / n}
     for name in TEMPLATES:
         out[M.shortcut(name)] = sum(info.solved_by(name) for info in infos) / n
     out[M.TEMPLATE_SOLVABLE_SHARE] = sum(info.template_solvable for info in infos) / n
