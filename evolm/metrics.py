@@ -87,6 +87,8 @@ TEMPLATE_SOLVABLE_SHARE = "template_solvable_share"
 ACCURACY_BEYOND_SHORTCUTS = "accuracy_beyond_shortcuts"
 TEMPLATE_SHARE = "template_share"
 ANSWER_FORM_TOP_SHARE = "answer_form_top_share"
+BLIND_ACCURACY = "blind_accuracy"  # what the answers' own forms score without reading the target
+ACCURACY_LIFT = "accuracy_lift"  # accuracy - blind_accuracy: what choosing per puzzle adds
 PRIVATE_SCORE = "_"  # score keys with this prefix travel to Task.summarize only
 
 

@@ -15,8 +15,9 @@ from evolm.errors import ConfigError
 from evolm.task.base import Example
 from evolm.task.conciseness import Conciseness
 from evolm.task.countdown import Countdown
+from evolm.task.countdown.blind import BlindRates, form_tokens
 from evolm.task.countdown.data import generate_puzzles
-from evolm.task.countdown.reward import countdown_reward
+from evolm.task.countdown.reward import countdown_reward, parse_answer
 from evolm.task.countdown.shortcuts import (
     PuzzleInfo,
     answer_shape,
@@ -158,6 +159,12 @@ def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
         "accuracy/muldiv": 1 / 2,
         "accuracy/n3": 6 / 12,
         "accuracy/n4": 1.0,
+        # each answer's form on the 6 three-number puzzles (the better of the puzzle's order
+        # and largest first) or the one four-number puzzle: member 0 2/6 + 2/6 + 2/6 (a - b + c
+        # solves MINUS_PLUS and MINUS_PLUS2; its largest-first form MINUS_PLUS and ADDSUB),
+        # 1/6 three times (the sum; a * (b + c)), 1 (SUM4); member 1's sums 1/6 x 5, 1, none 0
+        "blind_accuracy": (15 / 6 + 11 / 6) / 14,
+        "accuracy_lift": 8 / 14 - (15 / 6 + 11 / 6) / 14,
     }
     assert out.keys() == expected.keys()
     assert out == pytest.approx(expected)
@@ -286,3 +293,43 @@ def test_the_best_template_on_the_papers_test_split() -> None:
     in_order = [PuzzleInfo(i.size, i.patterns, i.family) for i in infos]
     assert puzzle_rates(in_order)["shortcut_accuracy"] == (196 + 46) / 2000  # 12.1%
     assert rates["template_solvable_share"] == pytest.approx(0.3915)
+
+
+def test_answer_forms_use_every_number_once() -> None:
+    tokens = parse_answer("(92 + 54) - 48")[0]  # type: ignore[index]
+    assert form_tokens(tokens, [48, 92, 54]) == ("(", "#1", "+", "#2", ")", "-", "#0")
+    assert form_tokens(tokens, [92, 54, 48]) == ("(", "#0", "+", "#1", ")", "-", "#2")
+    assert form_tokens(tokens, [48, 92, 54, 7]) is None  # 7 unused
+    assert form_tokens(tokens, [48, 92, 53]) is None  # 54 is not the puzzle's
+    assert form_tokens(parse_answer("5 + 5 - 1")[0], [5, 1, 5]) == ("#0", "+", "#2", "-", "#1")  # type: ignore[index]
+    rates = BlindRates([([48, 92, 54], 98), ([10, 20, 5], 25), ([3, 4, 5], 60), ([7, 2, 9], 14)])
+    # largest + middle - smallest solves 3 of the 4 puzzles; 3 * 4 * 5, the product, 1
+    assert rates.of_answer(tokens, [48, 92, 54]) == 0.75
+    assert rates.of_answer(parse_answer("3 * 4 * 5")[0], [3, 4, 5]) == 0.25  # type: ignore[index]
+    assert rates.of_answer(parse_answer("9 + 7")[0], [7, 2, 9]) == 0.0  # type: ignore[index]
+    assert rates.of_answer(None, [7, 2, 9]) == 0.0
+    zero = BlindRates([([6, 3, 1], 3), ([2, 5, 5], 0)])  # a / (b - c) divides by 0 on the 2nd
+    assert zero.of_answer(parse_answer("6 / (3 - 1)")[0], [6, 3, 1]) == 0.5  # type: ignore[index]
+    assert rates.of_answer(parse_answer("1 + 2")[0], [1, 2]) == 0.0  # no puzzle of 2 numbers
+
+
+@pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
+def test_a_fixed_rule_has_no_lift_and_a_solver_has_one_on_the_papers_test_split() -> None:
+    """Issue 36's runs wrote a few size-order sign rules whatever the puzzle: the blind
+    baseline is what exposes any such habit. Answering every puzzle with the best fixed rule
+    (largest - middle + smallest; the two largest minus the others) scores 17.5%, and its
+    forms written blindly score exactly that: lift 0. The solver's answers score 99.3% (every
+    solvable puzzle) while their forms, written blindly, score far less."""
+    task = Countdown(data_file=str(PAPER_FILE), train_size=200, eval_samples=None)
+    examples = task.eval_examples()
+    refs = [e.reference for e in examples]
+    rule = []
+    for r in refs:
+        a, b, c, *d = sorted(r["numbers"], reverse=True)
+        rule.append(f"{a} - {b} + {c}" if not d else f"{a} + {b} - {c} - {d[0]}")
+    out = task.summarize(examples, task.score(examples, answers(rule)))
+    assert out["blind_accuracy"] == pytest.approx((277 + 73) / 2000)
+    assert out["accuracy_lift"] == pytest.approx(0.0, abs=1e-12)
+    solved = [solve(r["numbers"], r["target"]) for r in refs]
+    out = task.summarize(examples, task.score(examples, answers(solved)))
+    assert out["accuracy_lift"] > 0.8 and out["blind_accuracy"] < 0.15

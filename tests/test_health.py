@@ -273,6 +273,8 @@ def test_accuracy_that_rises_only_on_template_puzzles_is_a_shortcut(
     assert "(eval/accuracy_beyond_shortcuts) went from 0.0% to 0.0%" in warning
     assert "100.0% of the correct answers are template answers (eval/template_share)" in warning
     assert "the best fixed rule alone scores 42.9% on these puzzles" in warning  # 3 of 7
+    # the sums' forms: 1/6 on five 3-number puzzles and SUM4's 1 of 1, none for no answer
+    assert "would score 26.2% (eval/blind_accuracy: accuracy lift 0.0% -> 2.4%)" in warning
     assert f"{tmp_path}/samples/gen-*.jsonl" in warning and ctx.tags[TAG] == "shortcut"
 
 
@@ -302,6 +304,22 @@ def test_a_shortcut_is_told_from_the_template_share_and_aborts_with_abort(tmp_pa
         later = replace(record(1, 0.3), eval={**now, "eval/template_share": share})
         monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
         assert (TAG in ctx.tags) == reported, share
+
+
+def test_accuracy_that_the_answers_forms_explain_is_a_shortcut(tmp_path: Path) -> None:
+    """Beyond shortcuts rose with the accuracy, few correct answers are template answers, no
+    fixed rule scores as much: only the accuracy lift (what the mean's own forms, written
+    without reading the target, do not explain) tells a model that writes a few rules blindly
+    from one that chooses per puzzle."""
+    for lift, reported in ((0.02, True), (0.2, False)):
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        first = {"eval/accuracy_mean": 0.0, "eval/accuracy_beyond_shortcuts": 0.0,
+                 "eval/accuracy_lift": 0.0, "eval/template_share": 0.0}  # fmt: skip
+        now = {"eval/accuracy_mean": 0.3, "eval/accuracy_beyond_shortcuts": 0.3,
+               "eval/accuracy_lift": lift, "eval/blind_accuracy": 0.3 - lift}  # fmt: skip
+        monitor.on_generation_end(ctx, GenerationRecord(0, eval=first), None)  # type: ignore[arg-type]
+        monitor.on_generation_end(ctx, replace(record(1, 0.3), eval=now), None)  # type: ignore[arg-type]
+        assert (TAG in ctx.tags) == reported, lift
 
 
 def test_the_shortcut_baseline_is_a_resumed_runs_first_eval(tmp_path: Path) -> None:

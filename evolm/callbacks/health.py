@@ -27,8 +27,10 @@ run's first evaluation while the accuracy on the puzzles no answer template solv
 :data:`TEMPLATE_SHARE_ALARM` or more of the correct answers are template answers
 (``eval/template_share``), or while it is still below what the best fixed rule alone scores
 (``eval/shortcut_accuracy``, over the puzzle's order and the numbers ranked by size: issue 36's
-1.5B rose from 2.5% to 13.9% writing size-ranked sign rules whose best scores 17.5%):
-``THIS RUN IS LEARNING A SHORTCUT``, quoting the numbers. The names
+1.5B rose from 2.5% to 13.9% writing size-ranked sign rules whose best scores 17.5%), or while
+the accuracy lift (``eval/accuracy_lift``: the accuracy minus what the mean's own answer forms
+score written without reading the target, :mod:`evolm.task.countdown.blind`) rose by less than
+a quarter of the rise: ``THIS RUN IS LEARNING A SHORTCUT``, quoting the numbers. The names
 are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is watched.
 """
 
@@ -99,13 +101,17 @@ ACCURACY = M.eval_score(M.CORRECT_SCORE)
 BEYOND = M.eval_diagnostic(M.ACCURACY_BEYOND_SHORTCUTS)
 TEMPLATES = M.eval_diagnostic(M.TEMPLATE_SHARE)
 BEST_TEMPLATE = M.eval_diagnostic(M.SHORTCUT_ACCURACY)
+LIFT = M.eval_diagnostic(M.ACCURACY_LIFT)
+BLIND = M.eval_diagnostic(M.BLIND_ACCURACY)
 SHORTCUT_ADVICE = (
     "held-out accuracy ({acc}) rose from {acc_start} to {acc_now} while the accuracy on the "
     "puzzles no answer template solves ({beyond}) went from {beyond_start} to {beyond_now}; "
-    "{share} of the correct answers are template answers ({templates}), and the best fixed rule "
-    "alone scores {best} on these puzzles ({best_name}). The model answers from the numbers' "
-    "order or sizes instead of solving. Read the mean's answers ({samples}), and measure it "
-    "where no template helps (task.drop_templates=test, or task.generator=uniform)"
+    "{share} of the correct answers are template answers ({templates}), the best fixed rule "
+    "alone scores {best} on these puzzles ({best_name}), and the mean's own answer forms, "
+    "written without reading the target, would score {blind} ({blind_name}: accuracy lift "
+    "{lift_start} -> {lift_now}). The model answers from the numbers' order or sizes instead of "
+    "solving. Read the mean's answers ({samples}), and measure it where no template helps "
+    "(task.drop_templates=test, or task.generator=uniform)"
 )
 
 
@@ -223,9 +229,11 @@ class LearningMonitor(Callback):
         if not rise >= self.shortcut_rise:  # NaN: no
             return False
         beyond = evaluation.get(BEYOND, math.nan) - first.get(BEYOND, math.nan)
+        lift = evaluation.get(LIFT, math.nan) - first.get(LIFT, math.nan)
         below_a_rule = evaluation[ACCURACY] < evaluation.get(BEST_TEMPLATE, -math.inf)
         return (
             bool(beyond < BEYOND_SHARE * rise)
+            or bool(lift < BEYOND_SHARE * rise)
             or evaluation.get(TEMPLATES, 0.0) >= TEMPLATE_SHARE_ALARM
             or below_a_rule
         )
@@ -245,6 +253,10 @@ class LearningMonitor(Callback):
             templates=TEMPLATES,
             best=_share(evaluation, BEST_TEMPLATE),
             best_name=BEST_TEMPLATE,
+            blind=_share(evaluation, BLIND),
+            blind_name=BLIND,
+            lift_start=_share(first, LIFT),
+            lift_now=_share(evaluation, LIFT),
             samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
         )
         self.reported.add(SHORTCUT)

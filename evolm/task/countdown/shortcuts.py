@@ -147,6 +147,7 @@ class AnswerShape:
 
     form: str
     template: bool
+    tokens: tuple[str, ...] = ()  # the answer's tokens (reward.parse_answer)
 
 
 def completion_shape(completion: str, numbers: Sequence[int]) -> AnswerShape | None:
@@ -162,7 +163,7 @@ def answer_shape(answer: str, numbers: Sequence[int]) -> AnswerShape | None:
     if parsed is None:
         return None
     tokens, value = parsed
-    return AnswerShape(_form(tokens, numbers), _is_template(tokens, value, numbers))
+    return AnswerShape(_form(tokens, numbers), _is_template(tokens, value, numbers), tuple(tokens))
 
 
 def _form(tokens: Sequence[str], numbers: Sequence[int]) -> str:

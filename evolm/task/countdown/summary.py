@@ -59,11 +59,16 @@ def shortcut_summary(
     correct: Sequence[float],
     template_answer: Sequence[float],
     forms: Sequence[float],
+    blind: Sequence[float] = (),
 ) -> dict[str, float]:
     """The set-level numbers of one evaluation: per row, the puzzle (``infos``), whether the
-    answer is correct (1/0), whether it is a template answer (1/0) and its form's code
-    (:func:`~evolm.task.countdown.shortcuts.form_code`; NaN: no answer that parses)."""
+    answer is correct (1/0), whether it is a template answer (1/0), its form's code
+    (:func:`~evolm.task.countdown.shortcuts.form_code`; NaN: no answer that parses) and its
+    form's blind rate (:mod:`evolm.task.countdown.blind`; none given: left out)."""
     out = puzzle_rates(infos)
+    if blind:
+        out[M.BLIND_ACCURACY] = sum(blind) / len(blind)
+        out[M.ACCURACY_LIFT] = sum(c > 0.5 for c in correct) / len(correct) - out[M.BLIND_ACCURACY]
     beyond = [c for info, c in zip(infos, correct, strict=True) if not info.template_solvable]
     _accuracy(out, M.ACCURACY_BEYOND_SHORTCUTS, beyond)
     right = [t for c, t in zip(correct, template_answer, strict=True) if c > 0.5]

@@ -19,8 +19,14 @@ from typing import Any
 from evolm import metrics as M
 from evolm.errors import ConfigError
 from evolm.task.base import Example, Sampling, Scores, Task, cycling_window
+from evolm.task.countdown.blind import BlindRates
 from evolm.task.countdown.data import load_countdown_json
-from evolm.task.countdown.reward import countdown_reward, extract_answer, paper_prompt
+from evolm.task.countdown.reward import (
+    countdown_reward,
+    extract_answer,
+    paper_prompt,
+    parse_target,
+)
 from evolm.task.countdown.shortcuts import (
     AnswerShape,
     PuzzleInfo,
@@ -49,9 +55,10 @@ ASSISTANT_PREFIX = "Let me solve this step by step.\n<think>"
 """The paper prompt's ending: appended after the assistant header in the chat variant."""
 
 SCORE_KEYS = ("reward", "format_reward", "answer_reward", "accuracy")
-TEMPLATE_ANSWER, FORM = "_template_answer", "_form"
+TEMPLATE_ANSWER, FORM, BLIND = "_template_answer", "_form", "_blind"
 """Per-row data for :meth:`Countdown.summarize` alone (``_`` keys are never logged): whether the
-answer is a template answer (1/0), and its form's code (NaN: no answer that parses)."""
+answer is a template answer (1/0), its form's code (NaN: no answer that parses), and its form's
+blind rate on the puzzles scored with it (:mod:`evolm.task.countdown.blind`)."""
 Placed = tuple[int, dict[str, Any]]
 """A record and its place: its position in the data file, or in the generator's stream."""
 _SHAPES_KEPT = 65_536  # answer shapes remembered (members often write the same answer)
@@ -236,14 +243,17 @@ class Countdown(Task):
         return self.eval
 
     def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
-        scores: Scores = {k: [] for k in (*SCORE_KEYS, TEMPLATE_ANSWER, FORM)}
-        for example, completion in zip(examples, completions, strict=True):
-            ref = example.reference
+        scores: Scores = {k: [] for k in (*SCORE_KEYS, TEMPLATE_ANSWER, FORM, BLIND)}
+        refs = [e.reference for e in examples]
+        blind = BlindRates([(r["numbers"], parse_target(r["target"])) for r in refs])
+        for ref, completion in zip(refs, completions, strict=True):
             for key, value in countdown_reward(completion, ref["numbers"], ref["target"]).items():
                 scores[key].append(value)
             shape = self._shape(completion, ref["numbers"])
             scores[TEMPLATE_ANSWER].append(float(shape is not None and shape.template))
             scores[FORM].append(math.nan if shape is None else form_code(shape.form))
+            tokens = None if shape is None else shape.tokens
+            scores[BLIND].append(blind.of_answer(tokens, ref["numbers"]))
         return scores
 
     def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
@@ -252,7 +262,9 @@ class Countdown(Task):
         puzzle is classified once per task."""
         infos = [self.puzzle_info(e) for e in examples]
         correct = scores[M.CORRECT_SCORE]
-        return shortcut_summary(infos, correct, scores[TEMPLATE_ANSWER], scores[FORM])
+        return shortcut_summary(
+            infos, correct, scores[TEMPLATE_ANSWER], scores[FORM], scores.get(BLIND, [])
+        )
 
     def puzzle_info(self, example: Example) -> PuzzleInfo:
         """The example's puzzle classified (:func:`~evolm.task.countdown.shortcuts.classify`),

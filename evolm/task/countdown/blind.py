@@ -1,0 +1,115 @@
+"""What a model's own answers would score without reading the target: the blind baseline.
+
+The fixed templates of :mod:`evolm.task.countdown.shortcuts` name the shortcuts we thought of.
+A model can find others: issue 36's 1.5B wrote ``(x + y) - z`` with the numbers ranked by size,
+choosing among a few such sign rules, right on each about as often as that rule is on every
+puzzle. This module measures any such habit, named or not, from the answers themselves.
+
+An answer's **form** is its expression with each number replaced by its place: in the puzzle's
+order (``(a + b) - c``) or among the numbers ranked largest first (``(r1 + r2) - r3``). A form
+can be applied to any puzzle of the same size. Its **blind rate** on a set of puzzles is the
+share of that size's puzzles it solves, the higher of the two orders: what writing that form
+scores when the target is never read. Per answer, the blind rate of its form (0 when it does not
+use each number exactly once, as the reward requires); over an evaluation:
+
+* ``blind_accuracy``: the mean blind rate of the answers, what the same forms written blindly
+  would score; and
+* ``accuracy_lift``: accuracy minus that, the part of the accuracy that comes from choosing a
+  form for each puzzle. A model that writes a few rules, whatever the puzzle, has a lift near
+  0 (issue 36's runs: +1 point, one standard error); one that solves has a large lift (a perfect
+  solver's answers score near 100%, their forms blindly about 10-20%).
+
+Forms are evaluated on every puzzle at once in float64 (NumPy); the reward's tolerance decides.
+That is exact for ``+``, ``-`` and ``*`` over the puzzles' integers; divisions round like any
+float, far inside the tolerance.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from evolm.task.countdown.reward import TOLERANCE
+
+__all__ = ["BlindRates", "form_tokens"]
+
+_OPS = frozenset("+-*/()")
+
+
+def form_tokens(tokens: Sequence[str], numbers: Sequence[int]) -> tuple[str, ...] | None:
+    """``tokens`` (an answer's, :func:`~evolm.task.countdown.reward.parse_answer`) with each
+    number replaced by ``#i``, ``i`` its place in ``numbers`` (the first unused place holding
+    that value); ``None`` unless every number of ``numbers`` is used exactly once."""
+    free = list(range(len(numbers)))
+    out: list[str] = []
+    for tok in tokens:
+        if tok.isdigit():
+            place = next((i for i in free if numbers[i] == int(tok)), None)
+            if place is None:
+                return None
+            free.remove(place)
+            tok = f"#{place}"
+        elif tok not in _OPS:
+            return None
+        out.append(tok)
+    return None if free else tuple(out)
+
+
+class BlindRates:
+    """The blind rates of answer forms on one set of puzzles (see the module doc).
+
+    Args:
+        puzzles: ``(numbers, target)`` per puzzle; repeats count once.
+    """
+
+    def __init__(self, puzzles: Sequence[tuple[Sequence[int], float]]) -> None:
+        by_size: dict[int, set[tuple[tuple[int, ...], float]]] = defaultdict(set)
+        for numbers, target in puzzles:
+            by_size[len(numbers)].add((tuple(numbers), float(target)))
+        self._pools: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for size, found in by_size.items():
+            ordered = sorted(found)  # the same arrays whatever the puzzles' order
+            numbers = np.array([n for n, _ in ordered], dtype=np.float64)
+            targets = np.array([t for _, t in ordered], dtype=np.float64)
+            self._pools[size] = numbers, -np.sort(-numbers, axis=1), targets
+        self._rates: dict[tuple[int, int, tuple[str, ...]], float] = {}
+
+    def of_answer(self, tokens: Sequence[str] | None, numbers: Sequence[int]) -> float:
+        """The blind rate of one answer's form (0 for no answer, or one that does not use each
+        of ``numbers`` exactly once)."""
+        size = len(numbers)
+        if tokens is None or size not in self._pools:
+            return 0.0
+        in_order = form_tokens(tokens, numbers)
+        if in_order is None:
+            return 0.0
+        by_size = form_tokens(tokens, sorted(numbers, reverse=True))
+        return max(self._rate(size, 0, in_order), self._rate(size, 1, by_size))
+
+    def _rate(self, size: int, order: int, form: tuple[str, ...] | None) -> float:
+        """The share of the puzzles of ``size`` that ``form`` solves over their numbers in
+        ``order`` (0: the puzzle's, 1: largest first)."""
+        if form is None:
+            return 0.0
+        key = (size, order, form)
+        if key not in self._rates:
+            columns, targets = self._pools[size][order], self._pools[size][2]
+            values = _evaluate(form, columns)
+            with np.errstate(invalid="ignore"):
+                self._rates[key] = float(np.mean(np.abs(values - targets) < TOLERANCE))
+        return self._rates[key]
+
+
+def _evaluate(form: Sequence[str], columns: np.ndarray) -> np.ndarray:
+    """The form's value on every row of ``columns`` (NaN or inf where it divides by zero): the
+    form's tokens are whitelisted (``#i``, operators, parentheses) and become a Python
+    expression over the columns."""
+    text = " ".join(f"x[:, {tok[1:]}]" if tok.startswith("#") else tok for tok in form)
+    try:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            value = eval(text, {"__builtins__": {}}, {"x": columns})
+    except (SyntaxError, ZeroDivisionError, TypeError):
+        return np.full(columns.shape[0], np.nan)
+    return np.broadcast_to(np.asarray(value, dtype=np.float64), (columns.shape[0],))
