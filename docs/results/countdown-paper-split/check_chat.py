@@ -20,7 +20,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "shared" / "tools"))
-from countdown_check import family, reward  # noqa: E402
+from countdown_check import family, reward
 
 DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "countdown" / "countdown.json"
 PREFIX = "Let me solve this step by step.\n<think>"
@@ -60,9 +60,9 @@ def main() -> None:
         for t in tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
             texts.append(t.split("</answer>")[0] + "</answer>" if "</answer>" in t else t)
         print(f"{len(texts)}/{len(records)} in {time.time() - start:.0f} s", flush=True)
-    scores = [reward(t, r["numbers"], r["target"]) for t, r in zip(texts, records)]
+    scores = [reward(t, r["numbers"], r["target"]) for t, r in zip(texts, records, strict=True)]
     by: dict[str, list[int]] = {}
-    for r, s in zip(records, scores):
+    for r, s in zip(records, scores, strict=True):
         by.setdefault(family(r), [0, 0])
         by[family(r)][0] += 1
         by[family(r)][1] += s[2] > 0
@@ -73,7 +73,7 @@ def main() -> None:
         "by_family": {f: f"{c}/{t}" for f, (t, c) in sorted(by.items())},
         "seconds": round(time.time() - start),
         "answers": [{"numbers": r["numbers"], "target": r["target"], "completion": t,
-                     "correct": s[2] > 0} for r, t, s in zip(records, texts, scores)],
+                     "correct": s[2] > 0} for r, t, s in zip(records, texts, scores, strict=True)],
     }  # fmt: skip
     Path(out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "answers"}))

@@ -15,6 +15,7 @@ of its accuracy that comes from choosing the signs per puzzle ("lift").
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import lzma
 import re
@@ -30,7 +31,9 @@ from evolm.task.countdown.reward import (
     parse_target,
 )
 
-PUZZLE = re.compile(r"Using the numbers \[([\d ]+)\], create an equation that equals (-?\d+(?:\.\d+)?)")
+PUZZLE = re.compile(
+    r"Using the numbers \[([\d ]+)\], create an equation that equals (-?\d+(?:\.\d+)?)"
+)
 
 
 def read(path: Path) -> list[dict]:
@@ -69,8 +72,14 @@ def sign_rule(completion: str, numbers: list[int]) -> str | None:
 
 def rule_solves(rule: str, numbers: list[int], target: float) -> bool:
     ranked = sorted(numbers, reverse=True)
-    value = sum(Fraction(n) * (1 if s == "+" else -1) for s, n in zip(rule, ranked))
+    value = sum(Fraction(n) * (1 if s == "+" else -1) for s, n in zip(rule, ranked, strict=True))
     return abs(float(value) - target) < TOLERANCE
+
+
+def base_rate(by_size: dict[int, list[tuple[list[int], float]]], rule: str) -> float:
+    """The share of the puzzles of the rule's size it solves."""
+    pool = by_size[len(rule)]
+    return sum(rule_solves(rule, n, t) for n, t in pool) / len(pool)
 
 
 def main(paths: list[str]) -> None:
@@ -84,13 +93,7 @@ def main(paths: list[str]) -> None:
         by_size = collections.defaultdict(list)
         for nums, target, _, _ in puzzles:
             by_size[len(nums)].append((nums, target))
-        base: dict[str, float] = {}
-
-        def rate(rule: str) -> float:
-            if rule not in base:
-                pool = by_size[len(rule)]
-                base[rule] = sum(rule_solves(rule, n, t) for n, t in pool) / len(pool)
-            return base[rule]
+        rate = functools.cache(functools.partial(base_rate, dict(by_size)))
 
         ruled = [(sign_rule(c, n), ok) for n, _, c, ok in puzzles]
         with_rule = [(rule, ok) for rule, ok in ruled if rule is not None]
@@ -108,8 +111,10 @@ def main(paths: list[str]) -> None:
         counts = collections.Counter(rule for rule, _ in with_rule)
         for rule, k in counts.most_common(8):
             right = sum(ok for r, ok in with_rule if r == rule) / k
-            print(f"   {rule:5s} {k:5d} answers ({k / len(puzzles):5.1%}): right {right:5.1%}, "
-                  f"base rate {rate(rule):5.1%}")
+            print(
+                f"   {rule:5s} {k:5d} answers ({k / len(puzzles):5.1%}): right {right:5.1%}, "
+                f"base rate {rate(rule):5.1%}"
+            )
 
 
 def _rules(n: int) -> list[str]:
