@@ -113,7 +113,7 @@ def test_score_keys_and_values() -> None:
     scores = task.score([ex] * 3, completions)
     public = {k for k in scores if not k.startswith("_")}
     assert public == {"reward", "format_reward", "answer_reward", "accuracy"}
-    assert set(scores) - public == {"_template_answer", "_form"}  # for summarize alone
+    assert set(scores) - public == {"_template_answer", "_form", "_blind"}  # for summarize alone
     assert scores["reward"] == [1.1, 0.0, 0.06]
     assert scores["accuracy"] == [1.0, 0.0, 0.0]
     assert scores["format_reward"] == [1.0, 0.0, 0.6]
