@@ -327,9 +327,19 @@ def test_a_fixed_rule_has_no_lift_and_a_solver_has_one_on_the_papers_test_split(
     for r in refs:
         a, b, c, *d = sorted(r["numbers"], reverse=True)
         rule.append(f"{a} - {b} + {c}" if not d else f"{a} + {b} - {c} - {d[0]}")
-    out = task.summarize(examples, task.score(examples, answers(rule)))
+    scores = task.score(examples, answers(rule))
+    out = task.summarize(examples, scores)
     assert out["blind_accuracy"] == pytest.approx((277 + 73) / 2000)
     assert out["accuracy_lift"] == pytest.approx(0.0, abs=1e-12)
+    # task.blind_baseline=true: the same rule earns nothing beyond its format on average
+    corrected = Countdown(
+        data_file=str(PAPER_FILE), train_size=200, eval_samples=None, blind_baseline=True
+    ).score(examples, answers(rule))
+    assert corrected["accuracy"] == scores["accuracy"]
+    assert corrected["reward"] == pytest.approx(
+        [r - b for r, b in zip(scores["reward"], scores["_blind"], strict=True)]
+    )
+    assert sum(corrected["reward"]) / 2000 == pytest.approx(0.1, abs=1e-12)  # format 1.0 each
     solved = [solve(r["numbers"], r["target"]) for r in refs]
     out = task.summarize(examples, task.score(examples, answers(solved)))
     assert out["accuracy_lift"] > 0.8 and out["blind_accuracy"] < 0.15

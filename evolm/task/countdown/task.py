@@ -148,6 +148,12 @@ class Countdown(Task):
             completion ends with its first answer block. The paper's reward reads the LAST
             answer block, so this changes what is scored only for completions that write a
             second one (the paper's runs, with no stop string, scored the last).
+        blind_baseline: ``True``: every completion's ``reward`` is the paper's minus its
+            answer form's blind rate on the puzzles scored with it
+            (:mod:`evolm.task.countdown.blind`): a form written whatever the target earns 0 on
+            average, so ES fitness pays only for choosing the answer by the puzzle (issue 36's
+            runs climbed to 14% by writing a few such forms). ``answer_reward`` and
+            ``accuracy`` keep their meaning; ``False`` (default): the paper's reward.
     """
 
     def __init__(
@@ -167,7 +173,9 @@ class Countdown(Task):
         temperature: float = 0.0,
         top_p: float = 1.0,
         stop: Sequence[str] = (),
+        blind_baseline: bool = False,
     ) -> None:
+        self.blind_baseline = blind_baseline
         stop = stop if isinstance(stop, str) else tuple(stop)  # a bare string: Sampling refuses
         self.sampling = Sampling(max_new_tokens, temperature, top_p, stop=stop)  # type: ignore[arg-type]
         self.chat_template = chat_template
@@ -254,6 +262,8 @@ class Countdown(Task):
             scores[FORM].append(math.nan if shape is None else form_code(shape.form))
             tokens = None if shape is None else shape.tokens
             scores[BLIND].append(blind.of_answer(tokens, ref["numbers"]))
+            if self.blind_baseline:
+                scores["reward"][-1] -= scores[BLIND][-1]
         return scores
 
     def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
