@@ -37,7 +37,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
         "schema_scorer": ("evolm.task.scorer:Scorer", False),
     },
     "model": {
-        "schema_tiny": ("evolm.model.spec:TinyModel", False),
+        "schema_tiny": ("evolm.model.tiny:TinyModel", False),
         "schema_hub": ("evolm.model.spec:HubModel", False),
         "schema_gguf": ("evolm.model.gguf:GGUFModel", False),
     },

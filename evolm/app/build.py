@@ -20,7 +20,7 @@ from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraSpec, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
-from evolm.model.spec import TinyModel
+from evolm.model.tiny import TinyModel
 from evolm.task.base import Task
 
 log = logging.getLogger(__name__)
