@@ -174,11 +174,11 @@ def run_dir(resume: Any, fresh: str) -> str:
     A resumed run's own; else ``fresh``, claimed with an atomic ``mkdir`` (``fresh``,
     ``fresh-1``, ``fresh-2``...), so two runs started in the same second never share a directory
     (and so never interleave their results.jsonl). Claimed once per process, by rank 0 in a
-    process group, which tells the other ranks (:func:`evolm.rundir.claim`).
+    process group, which tells the other ranks (:func:`evolm.cli.rundir.claim`).
     """
     if resume:
         return str(resume)
-    from evolm.rundir import claim
+    from evolm.cli.rundir import claim
 
     return claim(fresh)
 

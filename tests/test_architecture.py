@@ -125,7 +125,7 @@ LEAVES = {
     "evolm.lora": {"evolm.errors", "evolm.files"},
     "evolm.model": {"evolm.errors", "evolm.files"},  # the countdown warm-up data comes from above
     "evolm.sampling": {"evolm.errors"},
-    "evolm.trust": {"evolm.errors"},
+    "evolm.preflight.trust": {"evolm.errors"},
     "evolm.metrics": set(),
     "evolm.errors": set(),
     "evolm.files": set(),
@@ -156,7 +156,9 @@ def test_only_evaluate_and_its_callers_know_an_engine_and_a_task(
         and graph.find_modules_directly_imported_by(m) & task
         and not m.startswith(("evolm.engine", "evolm.server", "evolm.task"))
     }
-    passers = {"evolm.evaluate", "evolm.loop", "evolm.limits"} | within(graph, "evolm.app")
+    passers = {"evolm.evaluate", "evolm.loop", "evolm.preflight.limits"} | within(
+        graph, "evolm.app"
+    )
     assert both <= passers, sorted(both)
 
 
@@ -164,9 +166,9 @@ CONFIG_READERS = (
     "evolm.app",  # the composition root: the only code that reads the job's config
     "evolm.__main__",
     "evolm.config",  # the schemas and resolvers Hydra composes with
-    "evolm.compose_check",  # the command line, checked before Hydra runs
-    "evolm.trust",  # the _target_s a config may name
-    "evolm.rundir",  # a Hydra callback: the run directory
+    "evolm.preflight.compose_check",  # the command line, checked before Hydra runs
+    "evolm.preflight.trust",  # the _target_s a config may name
+    "evolm.cli.rundir",  # a Hydra callback: the run directory
     "evolm.sweep",  # Hydra callbacks and resolvers of sweeps
     "evolm.engine.pool",  # asks Hydra whether the job is one of a multirun (engines shared)
 )
