@@ -209,6 +209,71 @@ def test_nothing_points_up(graph: grimp.ImportGraph) -> None:
     }
 
 
+def importers_of(graph: grimp.ImportGraph, package: str) -> set[str]:
+    """The modules outside ``package`` that import it (or a module below it)."""
+    found: set[str] = set()
+    for module in within(graph, package):
+        found |= graph.find_modules_that_directly_import(module)
+    return found - within(graph, package)
+
+
+def test_the_checks_before_a_run_are_the_cli_s_and_the_app_s(graph: grimp.ImportGraph) -> None:
+    """``evolm.preflight`` (the command line, trusted targets, memory and context, agreement
+    across ranks) runs before a run starts: only the CLI and the composition root import it,
+    never a part a run is built from."""
+    outside = {m for m in importers_of(graph, "evolm.preflight") if not m.startswith("evolm.app.")}
+    assert outside <= {"evolm.__main__"}, sorted(outside)
+
+
+def test_the_command_line_pieces_are_imported_by_the_command_line(
+    graph: grimp.ImportGraph,
+) -> None:
+    """``evolm.cli`` (the run directory, ``python -m evolm.export``) is imported by
+    ``evolm.__main__``, the ``evolm.export`` entry point and the config's ``${evolm.run_dir:}``
+    resolver (:func:`evolm.cli.rundir.claim`) alone."""
+    assert importers_of(graph, "evolm.cli") <= {"evolm.__main__", "evolm.export", "evolm.config"}
+
+
+def test_the_tiny_model_is_built_behind_its_spec(graph: grimp.ImportGraph) -> None:
+    """Outside ``evolm.model.tiny`` only its spec (``TinyModel``) is imported: the builder, the
+    tokenizer, the corpus and the warm-up (torch, tokenizers, transformers) load only to build."""
+    inner = within(graph, "evolm.model.tiny") - {"evolm.model.tiny", "evolm.model.tiny.spec"}
+    reached = {
+        (a, b)
+        for b in inner
+        for a in graph.find_modules_that_directly_import(b)
+        if a not in within(graph, "evolm.model.tiny")
+    }
+    assert not reached, sorted(reached)
+
+
+# The top of evolm/: the modules a run passes through and the leaves; everything else lives in a
+# folder named for its job (docs/architecture.md). A new module here is a decision: add it.
+TOP_LEVEL = {
+    "__init__",
+    "__main__",  # python -m evolm (must live here)
+    "export",  # python -m evolm.export's entry point (the command: evolm.cli.export)
+    "config",
+    "loop",
+    "evaluate",
+    "diagnostics",
+    "checkpoint",
+    "metrics",
+    "errors",
+    "files",
+    "dist",
+    "interrupt",
+    "sampling",
+}
+
+
+def test_the_top_of_the_package_holds_only_the_core() -> None:
+    loose = {p.stem for p in (REPO / "evolm").glob("*.py")}
+    assert loose == TOP_LEVEL, (
+        f"new: {sorted(loose - TOP_LEVEL)}, gone: {sorted(TOP_LEVEL - loose)}"
+    )
+
+
 def test_optional_hooks_have_no_op_defaults() -> None:
     """Optional hooks live on the protocols with defaults, so an engine or task may skip them."""
     from evolm.engine.base import Engine
