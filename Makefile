@@ -95,7 +95,7 @@ clean: ## Remove outputs/ (runs, sweeps, mlflow.db, optuna.db) and .venv; not th
 
 # The models evolm builds or converts on first use (tiny, smollm2: hundreds of MB) live outside
 # the checkout, in <cache>/models: the next run builds them again (the countdown tiny model: 2-3
-# min of CPU). <cache> is resolved as evolm does (evolm/model/spec.py: cache_root).
+# min of CPU). <cache> is resolved as evolm does (evolm/model/cache.py: cache_root).
 clean-cache: ## Remove the model cache: EVOLM_CACHE_DIR (default ~/.cache/evolm)/models
 	@root="$${EVOLM_CACHE_DIR:-$$HOME/.cache/evolm}"; root="$${root/#\~/$$HOME}"; \
 		echo "rm -rf $$root/models"; rm -rf "$$root/models"; rmdir "$$root" 2>/dev/null || true

@@ -17,8 +17,8 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from evolm.compose_check import closest
 from evolm.errors import ConfigError
+from evolm.preflight.compose_check import closest
 
 PREFIX = "grpo."
 GENERATION = ("generate", "continuous_batching")

@@ -28,10 +28,10 @@ from evolm.app.build import (
 )
 from evolm.app.build import resolve_model as resolve_model_path
 from evolm.app.checks import check_run_keys
-from evolm.compose_check import check_command_line
 from evolm.engine.base import Engine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout
+from evolm.preflight.compose_check import check_command_line
 from evolm.task.base import Task
 
 LOCAL_ENGINE = "evolm.engine.local.LocalEngine"

@@ -84,7 +84,7 @@ def save_model(model: PreTrainedModel, path: str | Path) -> Path:
     """Save weights plus the tiny model's byte-level BPE tokenizer, so servers (and evolm's
     server engines, which send text) can load the directory. Ids past the tokenizer's vocabulary
     are never produced by it, so they only matter to the random model."""
-    from evolm.model.tokenizer import save_tokenizer, train_tokenizer
+    from evolm.model.tiny.tokenizer import save_tokenizer, train_tokenizer
 
     out = Path(path)
     model.save_pretrained(out, safe_serialization=True)

@@ -26,13 +26,13 @@ import evolm.config  # noqa: F401  (registers the structured-config schemas)
 from evolm import (
     dist,
     interrupt,
-    rundir,
     sweep,  # noqa: F401  (registers its ${evolm_sweep_seed:...} resolver)
 )
-from evolm.compose_check import check_command_line
+from evolm.cli import rundir
+from evolm.cli.rundir import LOCK
 from evolm.errors import ConfigError, RunAborted, ServiceUnavailable
-from evolm.rundir import LOCK
-from evolm.trust import hydra_whitelist, precheck
+from evolm.preflight.compose_check import check_command_line
+from evolm.preflight.trust import hydra_whitelist, precheck
 
 log = logging.getLogger("evolm")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -124,10 +124,10 @@ def allocator_defaults(env: dict[str, str] | os._Environ[str] = os.environ) -> N
 
 
 def main() -> None:
-    """The CLI. Hydra instantiates only targets of the trust list (:mod:`evolm.trust`): its
-    callbacks, sweeper sampler and logging factories included. Launched by torchrun or SLURM
-    with several processes, it joins the process group first (:mod:`evolm.dist`), so every rank
-    shares rank 0's clock (``${evolm.now:...}``: one run directory)."""
+    """The CLI. Hydra instantiates only targets of the trust list (:mod:`evolm.preflight.trust`):
+    its callbacks, sweeper sampler and logging factories included. Launched by torchrun or
+    SLURM with several processes, it joins the process group first (:mod:`evolm.dist`), so every
+    rank shares rank 0's clock (``${evolm.now:...}``: one run directory)."""
     argv = sys.argv[1:]
     allocator_defaults()
     interrupt.install()  # SIGTERM stops a run like Ctrl-C: checkpoint, MLflow KILLED, resume

@@ -13,13 +13,14 @@
 its name. ``run`` is the config the run's course depends on (:func:`run_identity`): a resumed
 run whose config differs from it is refused (:func:`check_identity`), never continued as a mix
 of two runs. ``data`` fingerprints the prompts and references the run reads, by part (the
-task, each extra eval; :func:`evolm.agreement.data_fingerprint`): a resume whose data differs
-(a data file edited or replaced since) is refused unless asked for (``resume_on_new_data``),
-and then ``data_changes`` records each such change. No RNG state is needed: a generation's
-population is a pure function of (run seed, generation) (:meth:`evolm.es.ES.ask`), the training
-prompts of ``task.train_examples(g)`` and the sampling seed ``seed + g`` depend only on the
-generation, and the engines draw from explicit generators seeded per call. What a task adapts
-between generations (the scorer's lambda) is task state, checkpointed here.
+task, each extra eval; :func:`evolm.preflight.agreement.data_fingerprint`): a resume whose
+data differs (a data file edited or replaced since) is refused unless asked for
+(``resume_on_new_data``), and then ``data_changes`` records each such change. No RNG state is
+needed: a generation's population is a pure function of (run seed, generation)
+(:meth:`evolm.es.ES.ask`), the training prompts of ``task.train_examples(g)`` and the sampling
+seed ``seed + g`` depend only on the generation, and the engines draw from explicit generators
+seeded per call. What a task adapts between generations (the scorer's lambda) is task state,
+checkpointed here.
 
 Writes are atomic and durable (temp file, fsync, ``os.replace``, fsync of the folder). Beside
 each checkpoint, ``gen-000012.pt.sha256`` holds its SHA-256, written last: a checkpoint without

@@ -37,7 +37,7 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
         "schema_scorer": ("evolm.task.scorer:Scorer", False),
     },
     "model": {
-        "schema_tiny": ("evolm.model.spec:TinyModel", False),
+        "schema_tiny": ("evolm.model.tiny:TinyModel", False),
         "schema_hub": ("evolm.model.spec:HubModel", False),
         "schema_gguf": ("evolm.model.gguf:GGUFModel", False),
     },
@@ -174,11 +174,11 @@ def run_dir(resume: Any, fresh: str) -> str:
     A resumed run's own; else ``fresh``, claimed with an atomic ``mkdir`` (``fresh``,
     ``fresh-1``, ``fresh-2``...), so two runs started in the same second never share a directory
     (and so never interleave their results.jsonl). Claimed once per process, by rank 0 in a
-    process group, which tells the other ranks (:func:`evolm.rundir.claim`).
+    process group, which tells the other ranks (:func:`evolm.cli.rundir.claim`).
     """
     if resume:
         return str(resume)
-    from evolm.rundir import claim
+    from evolm.cli.rundir import claim
 
     return claim(fresh)
 

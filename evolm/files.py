@@ -27,7 +27,8 @@ from pathlib import Path
 from filelock import FileLock
 
 RUN_DIR_LOCK = ".lock"
-"""The lock file a run holds in its run directory for as long as it runs (:mod:`evolm.rundir`)."""
+"""The lock file a run holds in its run directory for as long as it runs
+(:mod:`evolm.cli.rundir`)."""
 
 
 def file_lock(path: Path) -> FileLock:

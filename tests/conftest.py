@@ -116,7 +116,7 @@ def countdown_prebuild(
     min) starts in the background with the first test, so it takes the second core of a 2-core
     machine while the tests before the first user run, not the critical path."""
     from evolm.model import TinyModel
-    from evolm.model.spec import is_built
+    from evolm.model.cache import is_built
     from evolm.task.countdown.warmup import CountdownWarmup
 
     target = TinyModel(**COUNTDOWN_TINY).model_dir(warmup=CountdownWarmup())

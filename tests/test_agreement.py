@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evolm.agreement import data_fingerprint
+from evolm.preflight.agreement import data_fingerprint
 from evolm.server.connection import free_port
 from evolm.task.conciseness import Conciseness
 from tests.helpers import REPO
@@ -137,9 +137,9 @@ class TwoRanks:
 def test_ranks_whose_extra_eval_differs_stop_naming_it(tmp_path: Path) -> None:
     """Issue 40 item 4: an extra eval's config and data are compared across ranks as the task's
     are (before: a rank could score another extra eval, unnoticed)."""
-    from evolm.agreement import check_ranks_agree, data_fingerprints
     from evolm.checkpoint import run_identity
     from evolm.errors import ConfigError
+    from evolm.preflight.agreement import check_ranks_agree, data_fingerprints
 
     task = Conciseness()
     extra = {"other": Conciseness(eval_file=str(write_data(tmp_path / "a.jsonl", ["red"])))}

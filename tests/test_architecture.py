@@ -125,7 +125,7 @@ LEAVES = {
     "evolm.lora": {"evolm.errors", "evolm.files"},
     "evolm.model": {"evolm.errors", "evolm.files"},  # the countdown warm-up data comes from above
     "evolm.sampling": {"evolm.errors"},
-    "evolm.trust": {"evolm.errors"},
+    "evolm.preflight.trust": {"evolm.errors"},
     "evolm.metrics": set(),
     "evolm.errors": set(),
     "evolm.files": set(),
@@ -156,7 +156,9 @@ def test_only_evaluate_and_its_callers_know_an_engine_and_a_task(
         and graph.find_modules_directly_imported_by(m) & task
         and not m.startswith(("evolm.engine", "evolm.server", "evolm.task"))
     }
-    passers = {"evolm.evaluate", "evolm.loop", "evolm.limits"} | within(graph, "evolm.app")
+    passers = {"evolm.evaluate", "evolm.loop", "evolm.preflight.limits"} | within(
+        graph, "evolm.app"
+    )
     assert both <= passers, sorted(both)
 
 
@@ -164,9 +166,9 @@ CONFIG_READERS = (
     "evolm.app",  # the composition root: the only code that reads the job's config
     "evolm.__main__",
     "evolm.config",  # the schemas and resolvers Hydra composes with
-    "evolm.compose_check",  # the command line, checked before Hydra runs
-    "evolm.trust",  # the _target_s a config may name
-    "evolm.rundir",  # a Hydra callback: the run directory
+    "evolm.preflight.compose_check",  # the command line, checked before Hydra runs
+    "evolm.preflight.trust",  # the _target_s a config may name
+    "evolm.cli.rundir",  # a Hydra callback: the run directory
     "evolm.sweep",  # Hydra callbacks and resolvers of sweeps
     "evolm.engine.pool",  # asks Hydra whether the job is one of a multirun (engines shared)
 )
@@ -205,6 +207,71 @@ def test_nothing_points_up(graph: grimp.ImportGraph) -> None:
         "evolm.evaluate": {"evolm.loop"},
         "evolm.sweep": {"evolm.__main__"},
     }
+
+
+def importers_of(graph: grimp.ImportGraph, package: str) -> set[str]:
+    """The modules outside ``package`` that import it (or a module below it)."""
+    found: set[str] = set()
+    for module in within(graph, package):
+        found |= graph.find_modules_that_directly_import(module)
+    return found - within(graph, package)
+
+
+def test_the_checks_before_a_run_are_the_cli_s_and_the_app_s(graph: grimp.ImportGraph) -> None:
+    """``evolm.preflight`` (the command line, trusted targets, memory and context, agreement
+    across ranks) runs before a run starts: only the CLI and the composition root import it,
+    never a part a run is built from."""
+    outside = {m for m in importers_of(graph, "evolm.preflight") if not m.startswith("evolm.app.")}
+    assert outside <= {"evolm.__main__"}, sorted(outside)
+
+
+def test_the_command_line_pieces_are_imported_by_the_command_line(
+    graph: grimp.ImportGraph,
+) -> None:
+    """``evolm.cli`` (the run directory, ``python -m evolm.export``) is imported by
+    ``evolm.__main__``, the ``evolm.export`` entry point and the config's ``${evolm.run_dir:}``
+    resolver (:func:`evolm.cli.rundir.claim`) alone."""
+    assert importers_of(graph, "evolm.cli") <= {"evolm.__main__", "evolm.export", "evolm.config"}
+
+
+def test_the_tiny_model_is_built_behind_its_spec(graph: grimp.ImportGraph) -> None:
+    """Outside ``evolm.model.tiny`` only its spec (``TinyModel``) is imported: the builder, the
+    tokenizer, the corpus and the warm-up (torch, tokenizers, transformers) load only to build."""
+    inner = within(graph, "evolm.model.tiny") - {"evolm.model.tiny", "evolm.model.tiny.spec"}
+    reached = {
+        (a, b)
+        for b in inner
+        for a in graph.find_modules_that_directly_import(b)
+        if a not in within(graph, "evolm.model.tiny")
+    }
+    assert not reached, sorted(reached)
+
+
+# The top of evolm/: the modules a run passes through and the leaves; everything else lives in a
+# folder named for its job (docs/architecture.md). A new module here is a decision: add it.
+TOP_LEVEL = {
+    "__init__",
+    "__main__",  # python -m evolm (must live here)
+    "export",  # python -m evolm.export's entry point (the command: evolm.cli.export)
+    "config",
+    "loop",
+    "evaluate",
+    "diagnostics",
+    "checkpoint",
+    "metrics",
+    "errors",
+    "files",
+    "dist",
+    "interrupt",
+    "sampling",
+}
+
+
+def test_the_top_of_the_package_holds_only_the_core() -> None:
+    loose = {p.stem for p in (REPO / "evolm").glob("*.py")}
+    assert loose == TOP_LEVEL, (
+        f"new: {sorted(loose - TOP_LEVEL)}, gone: {sorted(TOP_LEVEL - loose)}"
+    )
 
 
 def test_optional_hooks_have_no_op_defaults() -> None:

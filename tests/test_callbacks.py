@@ -14,7 +14,7 @@ from evolm.app import train
 from evolm.app.resume import resumed_config
 from evolm.callbacks import Callback
 from evolm.errors import ConfigError
-from evolm.trust import MOVED
+from evolm.preflight.trust import MOVED
 from tests.conftest import SHORT_RUN
 from tests.helpers import REPO, compose_config, read_results, run_cli
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evolm.errors import ConfigError
-from evolm.limits import check_prompts_fit
+from evolm.preflight.limits import check_prompts_fit
 from evolm.task.conciseness import Conciseness
 from evolm.task.countdown import Countdown
 from tests.helpers import REPO, compose_config, run_cli

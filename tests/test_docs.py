@@ -36,3 +36,13 @@ def test_vllm_setup_time_is_the_measured_one() -> None:
     """Measured: launchers/setup_vllm_cpu.sh took 6 minutes and 3.4 GB (docs said 2 minutes)."""
     text = " ".join((REPO / "docs" / "servers.md").read_text().split())
     assert "about 6 minutes and 3.4 GB" in text and "about 2 minutes" not in text
+
+
+def test_the_architecture_map_names_only_paths_that_exist() -> None:
+    """docs/architecture.md is the map of the folders: every ``evolm/...`` path it names is there
+    (a module or folder moved without its map is caught here)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"\bevolm/[\w/]*\w(?:\.py)?/?", text))
+    assert named, "the map names no path"
+    missing = sorted(p for p in named if not (REPO / p).exists())
+    assert not missing, missing

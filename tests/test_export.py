@@ -15,7 +15,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from evolm.export import MARKER, main
+from evolm.cli.export import MARKER, main
 from evolm.lora import LoraLayout, LoraSpec, save_adapter
 from evolm.lora.peft_io import read_adapter_config, read_adapter_weights
 from tests.helpers import REPO

@@ -29,9 +29,9 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 from safetensors.torch import load_file, save_file
 
-from evolm import export
 from evolm import metrics as M
 from evolm.checkpoint import latest_checkpoint, save_checkpoint
+from evolm.cli import export
 from evolm.es import ESState
 from evolm.lora import LoraLayout, LoraSpec, load_adapter
 from evolm.lora.peft_io import CONFIG_FILE, WEIGHTS_FILE, AdapterError

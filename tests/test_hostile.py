@@ -34,18 +34,18 @@ from evolm.app.build import Builder
 from evolm.app.resume import load_run_config
 from evolm.callbacks import RunContext
 from evolm.callbacks.checkpoint import Checkpointer
+from evolm.cli.export import main as export_main
 from evolm.config import run_dir
 from evolm.errors import ConfigError, RunAborted
 from evolm.es import ES, ESState
-from evolm.export import main as export_main
-from evolm.limits import check_population_memory
 from evolm.loop import check_finite_mean
 from evolm.lora import LoraLayout, LoraSpec
+from evolm.preflight.limits import check_population_memory
+from evolm.preflight.trust import hydra_whitelist, job_trusted
 from evolm.sweep import stale
 from evolm.task.base import MAX_RECORD_CHARS, read_jsonl
 from evolm.task.countdown.data import load_countdown_json
 from evolm.task.scorer import ScorerClient, ScorerError
-from evolm.trust import hydra_whitelist, job_trusted
 from tests.helpers import compose_config, generation_record, run_cli
 
 # ------------------------------------------------------------------------------ security

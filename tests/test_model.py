@@ -20,9 +20,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from evolm.app.build import resolve_model
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
+from evolm.model.cache import CACHE_ENV, build_atomically, is_built
 from evolm.model.gguf.weights import MODELS, locate
-from evolm.model.spec import CACHE_ENV, _build_atomically, is_built
-from evolm.model.tiny import build_tiny_model
+from evolm.model.tiny.build import build_tiny_model
 from evolm.task.countdown import warmup as countdown_warmup
 from evolm.task.countdown.reward import paper_prompt
 from evolm.task.countdown.warmup import CountdownWarmup
@@ -257,7 +257,7 @@ def test_concurrent_builder_keeps_the_winner(tmp_path: Path) -> None:
     spec = TinyModel(cache_dir=str(tmp_path), **QUICK)
     target = Path(spec.resolve())
     mtime = (target / "model.safetensors").stat().st_mtime_ns
-    _build_atomically(spec, target)  # a second process finishing after the first
+    build_atomically(target, lambda tmp: build_tiny_model(tmp, spec))  # a second process, later
     assert (target / "model.safetensors").stat().st_mtime_ns == mtime
     assert [p.name for p in target.parent.iterdir()] == [target.name]
 
@@ -417,8 +417,8 @@ def test_tiny_model_warm_up_follows_the_task(overrides: list[str], expected: dic
 # CI machine), so the second machine asks for avx512 only where this CPU has it.
 BUILD_IN_ENV = """
 import hashlib, sys, torch
-from evolm.model import tiny
-from evolm.model.spec import TinyModel
+from evolm.model import TinyModel
+from evolm.model.tiny import build as tiny
 from evolm.task.countdown.warmup import CountdownWarmup
 tiny.WARMUP_DTYPE = getattr(torch, sys.argv[2])
 spec = TinyModel(warmup_steps=60, countdown_share=0.75, countdown_untagged=0.5)
@@ -484,7 +484,7 @@ def test_warm_up_eta_weighs_each_kind_of_step() -> None:
     about 1.6 short ones), a kind that has run by its own mean time."""
     import math
 
-    from evolm.model.eta import Eta, duration, step_work
+    from evolm.model.tiny.eta import Eta, duration, step_work
 
     work = {"short": step_work(32, 80), "full": step_work(16, 192), "qa": step_work(16, 64)}
     assert 1.5 < work["full"] / work["short"] < 1.7

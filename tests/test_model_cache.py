@@ -19,7 +19,7 @@ import torch
 
 from evolm.errors import ConfigError
 from evolm.model import TinyModel, load_causal_lm
-from evolm.model.spec import is_built, model_problem
+from evolm.model.cache import is_built, model_problem
 
 QUICK = {"warmup_steps": 3}  # builds that test mechanics, not the warmed-up model
 

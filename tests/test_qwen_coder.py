@@ -22,8 +22,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from evolm.cli.export import main as export_main
 from evolm.engine.local import LocalEngine
-from evolm.export import main as export_main
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.model import GGUFModel
 from evolm.model.gguf import _dequantized

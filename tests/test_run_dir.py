@@ -1,4 +1,4 @@
-"""The run directory (evolm.rundir): every rank of a distributed run uses the one rank 0 claimed
+"""The run directory (evolm.cli.rundir): every rank of a distributed run uses the one rank 0 claimed
 (issue 24 item 3, issue 31 item 4), a new run never starts in a directory that holds another run
 (issue 31 item 5), and one process at a time runs in a run directory (issue 31 item 3)."""
 
@@ -18,7 +18,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from evolm import dist
-from evolm.rundir import claim
+from evolm.cli.rundir import claim
 from evolm.server.connection import free_port
 from tests.helpers import REPO, gloo_env, read_results, run_cli
 from tests.test_dist import torchrun

@@ -22,10 +22,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from evolm.cli.export import main as export_main
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
-from evolm.export import main as export_main
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec, load_adapter, save_adapter
 from evolm.model import SmolLM2Model
 from evolm.sampling import Sampling

@@ -168,7 +168,7 @@ def test_a_misspelt_key_in_a_sweep_is_one_error_before_the_sweep_starts(tmp_path
     trials by the check ``python -m evolm`` runs before Hydra (exit 2, one message: no study, no
     trial); before: Hydra's own error, from the first trial, its trials left RUNNING in the
     study. In process: the CLI's exit 2 for a ConfigError is tests/test_bad_starts.py's."""
-    from evolm.compose_check import check_command_line
+    from evolm.preflight.compose_check import check_command_line
 
     overlay = tmp_path / "conf" / "hparams_search"
     overlay.mkdir(parents=True)
@@ -221,7 +221,7 @@ def test_a_sweep_directory_holding_trials_is_refused_and_trials_lock_their_folde
     """An earlier sweep's trials in the directory would be overwritten by this sweep's (numbered
     from 0 again): refused, naming them. A trial folder another process uses, or that holds a
     run, fails that trial (a ConfigError)."""
-    from evolm.rundir import check_sweep, lock_trial
+    from evolm.cli.rundir import check_sweep, lock_trial
 
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
     held = check_sweep(config)  # a fresh directory: locked

@@ -15,12 +15,12 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
 from evolm.callbacks import Callback, Stateful
-from evolm.compose_check import closest
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraSpec, uniform_scales, weight_mean_scales
 from evolm.lora.norms import READ_ERRORS, weight_norm
-from evolm.model.spec import TinyModel
+from evolm.model.tiny import TinyModel
+from evolm.preflight.compose_check import closest
 from evolm.task.base import Task
 
 log = logging.getLogger(__name__)

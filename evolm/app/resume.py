@@ -10,11 +10,12 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from evolm import dist, trust
+from evolm import dist
 from evolm.callbacks import Stateful
 from evolm.checkpoint import CHECKPOINT_DIR, Checkpoint, check_identity, latest_checkpoint
 from evolm.config import Config
 from evolm.errors import ConfigError
+from evolm.preflight import trust
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from evolm import agreement, dist, limits, trust
+from evolm import dist
 from evolm.app.build import (
     Builder,
     Parts,
@@ -31,6 +31,7 @@ from evolm.engine import pool
 from evolm.errors import ConfigError
 from evolm.es import ESState
 from evolm.loop import ESLoop
+from evolm.preflight import agreement, limits, trust
 
 log = logging.getLogger(__name__)
 

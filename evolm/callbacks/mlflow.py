@@ -19,7 +19,7 @@ These retries replace MLflow's own HTTP retries (minutes): unless set in the env
 The run id is checkpoint state (:meth:`state_dict`): a resumed evolm run continues its MLflow
 run, re-sends the records the interrupted process had not sent and skips those it had. Every
 run is tagged with its run directory (``evolm.run_dir``), which a run holds locked while it runs
-(:mod:`evolm.rundir`). A process killed outright (SIGKILL, the OOM killer, a node lost) cannot
+(:mod:`evolm.cli.rundir`). A process killed outright (SIGKILL, the OOM killer, a node lost) cannot
 end its MLflow run, so at its start a run ends as ``KILLED`` every ``RUNNING`` run of its
 experiment whose run directory's lock no process holds; a resume whose checkpoint names no run
 (killed before its first checkpoint) carries on the run its directory started instead of

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from evolm.model.gguf import GGUFModel, SmolLM2Model
 from evolm.model.loading import load_causal_lm
-from evolm.model.spec import HubModel, ModelSpec, TinyModel
+from evolm.model.spec import HubModel, ModelSpec
+from evolm.model.tiny import TinyModel
 
 __all__ = [
     "GGUFModel",

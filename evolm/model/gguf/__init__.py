@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evolm.errors import ConfigError
+from evolm.model.cache import build_atomically, cache_root, is_built
 from evolm.model.gguf.weights import (
     MODELS,
     PackagedWeights,
@@ -56,7 +57,6 @@ from evolm.model.gguf.weights import (
     locate,
 )
 from evolm.model.loading import save_checkpoint
-from evolm.model.spec import _build_atomically, cache_root, is_built
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -146,7 +146,7 @@ class GGUFModel:
         """The converted checkpoint's directory, converted on first use (atomically)."""
         target = self.model_dir()
         if not is_built(target):  # not converted yet, or a cut copy: converted (again)
-            _build_atomically(None, target, self._build)
+            build_atomically(target, self._build)
         return str(target)
 
     def _build(self, out: Path) -> None:

@@ -1,6 +1,6 @@
 """The countdown warm-up data for the tiny model (``model.countdown_share``), from evolm's own
 generator and chain solver; the composition root hands it to the model build
-(:class:`evolm.model.warmup.WarmupData`), so ``evolm.model`` never imports a task.
+(:class:`evolm.model.tiny.warmup.WarmupData`), so ``evolm.model`` never imports a task.
 
 A pair is the task's verbatim prompt (:func:`~evolm.task.countdown.reward.paper_prompt`, which
 ends with ``<think>``) and a worked answer in the format the reward asks for::
@@ -79,7 +79,7 @@ def worked_puzzles(
 
 @dataclass(frozen=True)
 class CountdownWarmup:
-    """The countdown warm-up pairs (:class:`evolm.model.warmup.WarmupData`)."""
+    """The countdown warm-up pairs (:class:`evolm.model.tiny.warmup.WarmupData`)."""
 
     def pairs(
         self, count: int, seed: int, short: bool, untagged: float

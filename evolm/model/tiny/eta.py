@@ -1,4 +1,5 @@
-"""The expected time left of a warm-up whose steps differ in cost (:mod:`evolm.model.pretrain`).
+"""The expected time left of a warm-up whose steps differ in cost
+(:mod:`evolm.model.tiny.pretrain`).
 
 The countdown warm-up runs three kinds of steps: a block of short-prompt steps first, then
 question/answer and full-prompt steps mixed. A single rate measured on the first block would

@@ -15,7 +15,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.models import BPE
 
-from evolm.model.corpus import build_corpus
+from evolm.model.tiny.corpus import build_corpus
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from tokenizers import Tokenizer
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from evolm.model.loading import save_checkpoint
-from evolm.model.pretrain import pretrain
-from evolm.model.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
-from evolm.model.warmup import WarmupData
+from evolm.model.tiny.pretrain import pretrain
+from evolm.model.tiny.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
+from evolm.model.tiny.warmup import WarmupData
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ WARMUP_DTYPE = torch.float64
 
 
 class TinyArch(Protocol):
-    """What the builder reads of its spec (:class:`evolm.model.spec.TinyModel`, which imports
-    this module only to build, so the dependency runs one way)."""
+    """What the builder reads of its spec (:class:`evolm.model.tiny.spec.TinyModel`, which
+    imports this module only to build, so the dependency runs one way)."""
 
     vocab_size: int
     hidden_size: int
@@ -80,7 +80,7 @@ def warm_up(
     spec: TinyArch,
     warmup: WarmupData | None = None,
 ) -> None:
-    """The warm-up (see :mod:`evolm.model.pretrain`; ``warmup``: the countdown data a
+    """The warm-up (see :mod:`evolm.model.tiny.pretrain`; ``warmup``: the countdown data a
     ``countdown_share`` trains on, passed in from above), machine-independent: in float64, on one
     thread, from a forked RNG (the caller's RNG and threads are untouched), then rounded back
     to the model's float32.

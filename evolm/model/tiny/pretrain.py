@@ -17,9 +17,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from evolm.model.corpus import WORDS, build_corpus
-from evolm.model.eta import Eta, duration, step_work
-from evolm.model.warmup import NoWarmup, WarmupData, answer_documents
+from evolm.model.tiny.corpus import WORDS, build_corpus
+from evolm.model.tiny.eta import Eta, duration, step_work
+from evolm.model.tiny.warmup import NoWarmup, WarmupData, answer_documents
 
 VERBOSE_SHARE = 0.6
 VERBOSE = (
@@ -112,7 +112,7 @@ def pretrain(
     """Train ``model`` in place for ``steps`` AdamW steps; returns the final loss.
 
     A ``countdown_share`` of the steps (spread evenly) train on the ``warmup`` data's documents
-    (:mod:`evolm.model.warmup`; the countdown task's, passed in from above), the others on the
+    (:mod:`evolm.model.tiny.warmup`; the countdown task's, passed in from above), the others on the
     question/answer documents; a ``countdown_untagged`` share of the countdown answers leave
     out the ``<answer>`` block.
     """
