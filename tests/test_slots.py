@@ -13,7 +13,7 @@ import torch
 from transformers import AutoConfig
 
 from evolm.engine.fast.model import to_cache
-from evolm.engine.fast.plan import GiB, Shape, plan_slots
+from evolm.engine.fast.plan import GiB, Shape, activation_bytes, plan_slots, prefill_tokens
 from evolm.engine.fast.workspace import buckets
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
@@ -235,37 +235,79 @@ def test_old_workspace_freed_before_a_new_plan(
     assert seen == [True]
 
 
+CHUNK = GiB // activation_bytes(SHAPE)  # prefill tokens: about a GiB of activations
+
+
 def test_planner_sizes_slots_from_free_memory() -> None:
     total = 80 * GiB
-    plan = plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total))
+    plan = plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, None, (total - 4 * GiB, total))
     kv = 2 * 28 * 2 * 128 * 1152 * 2  # 28 KiB per position
     assert kv <= plan.per_slot < kv * 1.01
     assert plan.slots == (int(0.9 * total) - 4 * GiB - plan.fixed) // plan.per_slot
     assert 1500 < plan.slots < 2200
-    capped = plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, 500, (total - 4 * GiB, total))
+    capped = plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, 500, (total - 4 * GiB, total))
     assert capped.slots == 500
-    few = plan_slots(SHAPE, 40, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total))
+    few = plan_slots(SHAPE, 40, 1152, True, CHUNK, 0.9, None, (total - 4 * GiB, total))
     assert few.slots == 40
-    cpu = plan_slots(SHAPE, 40, 1152, True, GiB, 0.9, 7, None)
+    cpu = plan_slots(SHAPE, 40, 1152, True, CHUNK, 0.9, 7, None)
     assert cpu.slots == 7
     # an fp8 cache: half the KV bytes per slot, so about twice the slots in the same budget
     fp8 = plan_slots(
-        replace(SHAPE, kv_itemsize=1), 6000, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total)
+        replace(SHAPE, kv_itemsize=1), 6000, 1152, True, CHUNK, 0.9, None, (total - 4 * GiB, total)
     )
     assert kv // 2 <= fp8.per_slot < kv // 2 * 1.02
     assert 1.9 * plan.slots < fp8.slots < 2.0 * plan.slots
 
 
+QWEN05 = Shape(
+    layers=24, kv_heads=2, head_dim=64, hidden=896, inter=4864, q_out=896, vocab=151936,
+    itemsize=2, weight_bytes=int(0.99 * GiB), name="qwen2.5-0.5b",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("shape", "total_gib", "greedy", "kv_itemsize", "lora_cols", "rows", "positions", "pinned"),
+    [
+        (SHAPE, 79.2, True, 2, 0, 6000, 2048, (1162, 21711)),
+        (SHAPE, 79.2, False, 2, 0, 6000, 2048, (1093, 21711)),
+        (SHAPE, 139.8, True, 2, 0, 6000, 2048, (2112, 38324)),
+        (SHAPE, 139.8, False, 1, 8192, 6000, 2048, (3722, 38324)),
+        (QWEN05, 79.2, True, 2, 0, 6000, 2048, (2799, 39196)),
+        (QWEN05, 139.8, False, 2, 0, 6000, 2048, (4347, 69187)),
+    ],
+)
+def test_the_one_activation_formula_keeps_the_planned_slots(
+    shape: Shape,
+    total_gib: float,
+    greedy: bool,
+    kv_itemsize: int,
+    lora_cols: int,
+    rows: int,
+    positions: int,
+    pinned: tuple[int, int],
+) -> None:
+    """Slots and prefill chunk tokens as the two formulas (decode rows in the planner, prefill
+    tokens in the scheduler) gave them before plan.py's one formula replaced both: computed at
+    be7a9ea for H100 / H200 memory (79.2 / 139.8 GiB), the weights plus half a GiB in use."""
+    total = int(total_gib * GiB)
+    weights = int({"qwen2.5-1.5b": 3.1, "qwen2.5-0.5b": 0.99}[shape.name] * GiB)
+    shape = replace(shape, kv_itemsize=kv_itemsize, lora_cols=lora_cols, weight_bytes=weights)
+    used = int((weights / GiB + 0.5) * GiB)
+    chunk = prefill_tokens(shape, total)
+    plan = plan_slots(shape, rows, positions, greedy, chunk, 0.9, None, (total - used, total))
+    assert (plan.slots, chunk) == pinned
+
+
 def test_planner_errors_name_the_keys_and_numbers() -> None:
     total = 16 * GiB
     with pytest.raises(ConfigError) as err:
-        plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, None, (total - 13 * GiB, total))
+        plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, None, (total - 13 * GiB, total))
     msg = str(err.value)
     assert err.value.key == "task.max_new_tokens"
     assert "server.gpu_memory_utilization" in msg and "qwen2.5-1.5b" in msg
     assert "bfloat16" in msg and "MiB" in msg
     with pytest.raises(ConfigError) as err:
-        plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, 6000, (70 * GiB, 80 * GiB))
+        plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, 6000, (70 * GiB, 80 * GiB))
     assert err.value.key == "server.max_batch_rows" and "or null" in str(err.value)
 
 

@@ -34,15 +34,16 @@ from torch import Tensor
 from evolm.engine.fast.cudagraph import PhaseTimer
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
-from evolm.engine.fast.plan import Shape, SlotPlan, device_memory, plan_slots
-from evolm.engine.fast.runner import ModelRunner, Rows
-from evolm.engine.fast.workspace import (
-    CHECK_EVERY,
-    MIN_PREFILL_BYTES,
-    PREFILL_SHARE,
-    Workspace,
-    graph_key,
+from evolm.engine.fast.plan import (
+    Shape,
+    SlotPlan,
+    device_memory,
+    plan_slots,
+    prefill_tokens,
+    total_memory,
 )
+from evolm.engine.fast.runner import ModelRunner, Rows
+from evolm.engine.fast.workspace import CHECK_EVERY, Workspace, graph_key
 from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
 
@@ -152,19 +153,9 @@ class Scheduler:
         self.workspace = self.plan = None
 
     # -- planning ------------------------------------------------------------------------
-    def _per_token(self) -> int:
-        m = self.model
-        return (2 * m.inter + 4 * m.hidden + m.q_out + 2 * m.kv_out) * 3 * m.embed.element_size()
-
-    def _prefill_budget(self) -> int:
-        """Tokens per prefill chunk."""
-        if self.prefill_tokens is not None:
-            return self.prefill_tokens
-        total = 0
-        if self.device.type == "cuda":
-            total = torch.cuda.get_device_properties(self.device).total_memory
-        limit = max(MIN_PREFILL_BYTES, int(PREFILL_SHARE * total))
-        return max(1, limit // self._per_token())
+    def _chunk_tokens(self) -> int:
+        """Tokens per prefill chunk (:func:`~.plan.prefill_tokens`)."""
+        return prefill_tokens(self.shape(None), total_memory(self.device), self.prefill_tokens)
 
     def shape(self, lora: FastLora | None) -> Shape:
         m = self.model
@@ -204,13 +195,12 @@ class Scheduler:
         self.reset()
         if self.device.type == "cuda":  # the old cache's blocks back to the device, measured free
             torch.cuda.empty_cache()
-        prefill = self._prefill_budget() * self._per_token()
         plan = plan_slots(
             self.shape(lora),
             rows,
             positions,
             greedy,
-            prefill,
+            self._chunk_tokens(),
             self.utilization,
             self.max_rows,
             device_memory(self.device),
@@ -270,7 +260,7 @@ class Scheduler:
             generator=generator,
             stops=stops,
         )
-        chunk = max(1, self._prefill_budget() // length)
+        chunk = max(1, self._chunk_tokens() // length)
         order = sorted(range(rows), key=lambda r: -budgets[r])
         queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
         active: list[int] = []
@@ -324,7 +314,7 @@ class Scheduler:
         per = rows // (1 if lora is None else lora.members)
         members = torch.arange(rows, device=dev) // per
         ids, mask = input_ids.to(dev), attention_mask.to(dev).bool()
-        chunk = max(1, self._prefill_budget() // length)
+        chunk = max(1, self._chunk_tokens() // length)
         firsts = []
         for lo in range(0, rows, chunk):
             r = torch.arange(lo, min(rows, lo + chunk), device=dev)

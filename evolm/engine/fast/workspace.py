@@ -1,4 +1,5 @@
-"""The static buffers of the fast path's generation, and the one set of sizing constants.
+"""The static buffers of the fast path's generation and their shape constants (how many bytes
+they may take: :mod:`.plan`).
 
 A :class:`Workspace` holds a fixed set of *slots*. Each slot holds one row's KV cache
 (``[layers, slots + 1, kv_heads, T, head_dim]``; the extra slot is scratch for the padding rows
@@ -21,8 +22,6 @@ from torch import Tensor
 from evolm.engine.fast.model import FastModel
 
 MiB = 2**20
-MIN_PREFILL_BYTES = 256 * MiB  # prefill transients: at least this, or ...
-PREFILL_SHARE = 0.04  # ... this share of the device memory
 GREEDY_ROWS = 1024  # rows per greedy LM-head block (H100, 1.5B shape: 1.31 ms vs 1.78 at 256)
 BUCKETS = 16  # graphs per (adapters, greedy): eighths padded the fp8 cache's 4,074 slots 6.8%
 CHECK_EVERY = 8  # decode steps between host syncs (finished rows are retired then)
