@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from benchmarks.harness import from_model, generate_ids, with_options
 from evolm.engine.fast.model import to_cache
 from evolm.engine.fast.plan import GiB, Shape, activation_bytes, plan_slots, prefill_tokens
 from evolm.engine.fast.workspace import buckets
@@ -43,9 +44,9 @@ def rows(engine: LocalEngine, members: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def one_batch(engine: LocalEngine, *args: object, **kw: object) -> torch.Tensor:
     """The HF path's lock-step batch over the same model (the reference)."""
-    hf = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+    hf = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     try:
-        return hf.generate_ids(*args, **kw)  # type: ignore[arg-type]
+        return generate_ids(hf, *args, **kw)  # type: ignore[arg-type]
     finally:
         engine.use_layout(engine.layout)  # the fast engine's own wrappers back
 
@@ -56,16 +57,20 @@ def test_refills_equal_one_batch_and_transformers(engine: LocalEngine) -> None:
     ids, mask = rows(engine, 4)
     sampling = Sampling(max_new_tokens=9)
     reference = one_batch(engine, ids, mask, pop, sampling, eos_ids=[])
-    capped = engine.with_options(max_batch_rows=3)
-    slotted = capped.generate_ids(ids, mask, pop, sampling, eos_ids=[])
+    capped = with_options(engine, max_batch_rows=3)
+    slotted = generate_ids(capped, ids, mask, pop, sampling, eos_ids=[])
     assert capped.last_timings["slots"] == 3 and capped.last_timings["prefills"] >= 4
     assert torch.equal(slotted, reference)
     # the base model's rows equal transformers' generate
-    base = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
+    base = generate_ids(engine, ids[:3], mask[:3], None, sampling, eos_ids=[])
     for i, prompt in enumerate(PROMPTS):
         enc = engine.tokenizer(prompt, return_tensors="pt")
         ref = engine.model.generate(
-            **enc, max_new_tokens=9, do_sample=False, eos_token_id=engine.eos_ids, pad_token_id=0
+            **enc,
+            max_new_tokens=9,
+            do_sample=False,
+            eos_token_id=engine.texts.eos_ids,
+            pad_token_id=0,
         )
         want = ref[0, enc["input_ids"].shape[1] :].tolist()
         assert base[i, : len(want)].tolist() == want  # HF stops at EOS; ours ran on (eos_ids=[])
@@ -79,12 +84,12 @@ def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
     n = ids.shape[0]
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
     sampling = Sampling(max_new_tokens=12)
-    full = engine.generate_ids(ids, mask, pop, sampling, member=member, eos_ids=[])
+    full = generate_ids(engine, ids, mask, pop, sampling, member=member, eos_ids=[])
     eos = int(full[1, 4])  # a token that row 1 emits mid-way
     budgets = [1 + (5 * i) % 12 for i in range(n)]
-    capped = engine.with_options(max_batch_rows=4)
-    got = capped.generate_ids(
-        ids, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[eos]
+    capped = with_options(engine, max_batch_rows=4)
+    got = generate_ids(
+        capped, ids, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[eos]
     )
     assert got.shape == (n, max(budgets))
     stopped = 0
@@ -95,7 +100,7 @@ def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
             stopped += len(want) < budgets[i]
         row = got[i].tolist()
         assert row[: len(want)] == want
-        assert all(t == engine.pad_id for t in row[len(want) :])
+        assert all(t == engine.texts.pad_id for t in row[len(want) :])
     assert stopped >= 1, "the test should stop a row at EOS before its budget"
 
 
@@ -105,12 +110,12 @@ def test_the_tail_is_the_steps_that_serve_a_few_long_rows(engine: LocalEngine) -
     are the tail; with equal budgets no step is."""
     ids, mask = rows(engine, 10)  # 30 rows of the base model
     sampling, n = Sampling(max_new_tokens=30), ids.shape[0]
-    engine.generate_ids(ids, mask, None, sampling, budgets=[5] * (n - 1) + [30], eos_ids=[])
+    generate_ids(engine, ids, mask, None, sampling, budgets=[5] * (n - 1) + [30], eos_ids=[])
     skewed = engine.last_timings
     assert skewed["slots"] >= n  # all rows admitted at once: the queue empties at the start
     assert skewed["tail_steps"] >= 24, skewed  # one row of 30 slots runs alone after step 5
     assert 0 < skewed["tail_s"] <= skewed["generate_s"], skewed
-    engine.generate_ids(ids, mask, None, sampling, budgets=[30] * n, eos_ids=[])
+    generate_ids(engine, ids, mask, None, sampling, budgets=[30] * n, eos_ids=[])
     even = engine.last_timings
     assert even["tail_steps"] == 0 and even["tail_s"] == 0.0, even
 
@@ -131,11 +136,11 @@ def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
     ids, mask = rows(engine, 3)
     sampling = Sampling(max_new_tokens=6)
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
-    ordered = engine.generate_ids(ids, mask, pop, sampling, member=member, eos_ids=[])
+    ordered = generate_ids(engine, ids, mask, pop, sampling, member=member, eos_ids=[])
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(0))
-    capped = engine.with_options(max_batch_rows=5)
-    shuffled = capped.generate_ids(
-        ids[perm], mask[perm], pop, sampling, member=member[perm], eos_ids=[]
+    capped = with_options(engine, max_batch_rows=5)
+    shuffled = generate_ids(
+        capped, ids[perm], mask[perm], pop, sampling, member=member[perm], eos_ids=[]
     )
     assert torch.equal(shuffled, ordered[perm])
 
@@ -143,7 +148,7 @@ def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
 def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> None:
     """Prefills take their rows sorted by member; eager LoRA by member runs (one GEMM per
     member's run of tokens) samples the same tokens, row by row, as the per-row path."""
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     pop = population(engine, 3)
     ids, mask = rows(engine, 3)
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(1))
@@ -152,14 +157,16 @@ def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> No
 
     def sampled() -> torch.Tensor:
         seed = torch.Generator().manual_seed(7)
-        return engine.generate_ids(ids[perm], mask[perm], pop, hot, seed, member=member, eos_ids=[])
+        return generate_ids(
+            engine, ids[perm], mask[perm], pop, hot, seed, member=member, eos_ids=[]
+        )
 
     by_runs = sampled()
-    engine.scheduler.runner.prefill_runs = False
+    engine.fast.scheduler.runner.prefill_runs = False
     try:
         per_row = sampled()
     finally:
-        engine.scheduler.runner.prefill_runs = True
+        engine.fast.scheduler.runner.prefill_runs = True
     assert torch.equal(by_runs, per_row)
 
 
@@ -176,8 +183,8 @@ def test_generate_text_equals_hf_path(engine: LocalEngine) -> None:
     """The public generate (EOS on) gives the same texts on both paths."""
     pop = population(engine, 2)
     sampling = Sampling(max_new_tokens=10)
-    cont = engine.with_options(max_batch_rows=2).generate(PROMPTS, pop, sampling, seed=0)
-    hf = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+    cont = with_options(engine, max_batch_rows=2).generate(PROMPTS, pop, sampling, seed=0)
+    hf = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     try:
         old = hf.generate(PROMPTS, pop, sampling, seed=0)
     finally:
@@ -194,20 +201,20 @@ SHAPE = Shape(
 def test_workspace_kept_for_smaller_generations(engine: LocalEngine) -> None:
     """An evaluation (fewer rows) after a population's generation reuses its slots, cache and
     graphs instead of planning and allocating again; more positions than it has: re-planned."""
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     pop = population(engine, 4)
     ids, mask = rows(engine, 4)
     sampling = Sampling(max_new_tokens=6)
-    engine.scheduler.reset()
-    alone = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
-    engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])
-    ws = engine.scheduler.workspace
+    engine.fast.scheduler.reset()
+    alone = generate_ids(engine, ids[:3], mask[:3], None, sampling, eos_ids=[])
+    generate_ids(engine, ids, mask, pop, sampling, eos_ids=[])
+    ws = engine.fast.scheduler.workspace
     assert ws is not None and ws.slots == ids.shape[0]
-    after = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
-    assert engine.scheduler.workspace is ws
+    after = generate_ids(engine, ids[:3], mask[:3], None, sampling, eos_ids=[])
+    assert engine.fast.scheduler.workspace is ws
     assert torch.equal(after, alone)
-    engine.generate_ids(ids[:3], mask[:3], None, Sampling(max_new_tokens=60), eos_ids=[])
-    assert engine.scheduler.workspace is not ws and engine.scheduler.workspace is not None
+    generate_ids(engine, ids[:3], mask[:3], None, Sampling(max_new_tokens=60), eos_ids=[])
+    assert engine.fast.scheduler.workspace is not ws and engine.fast.scheduler.workspace is not None
 
 
 def test_old_workspace_freed_before_a_new_plan(
@@ -218,11 +225,11 @@ def test_old_workspace_freed_before_a_new_plan(
     left a 1.5B run's eval with "0 MiB after 119.5 GiB in use" on an H200)."""
     import evolm.engine.fast.scheduler as scheduler_module
 
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     ids, mask = rows(engine, 1)
-    engine.scheduler.reset()
-    engine.generate_ids(ids, mask, None, Sampling(max_new_tokens=4), eos_ids=[])
-    old = weakref.ref(engine.scheduler.workspace)
+    engine.fast.scheduler.reset()
+    generate_ids(engine, ids, mask, None, Sampling(max_new_tokens=4), eos_ids=[])
+    old = weakref.ref(engine.fast.scheduler.workspace)
     seen: list[bool] = []
     real = scheduler_module.plan_slots
 
@@ -231,7 +238,7 @@ def test_old_workspace_freed_before_a_new_plan(
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(scheduler_module, "plan_slots", measuring)
-    engine.generate_ids(ids, mask, None, Sampling(max_new_tokens=40), eos_ids=[])
+    generate_ids(engine, ids, mask, None, Sampling(max_new_tokens=40), eos_ids=[])
     assert seen == [True]
 
 
@@ -348,19 +355,19 @@ def test_fp8_kv_cache(engine: LocalEngine, tiny_model_dir: str) -> None:
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
     sampling = Sampling(max_new_tokens=12)
     args = (ids, mask, pop, sampling)
-    ref = engine.generate_ids(*args, member=member, eos_ids=[])
-    got = fp8.generate_ids(*args, member=member, eos_ids=[])
-    assert fp8.scheduler is not None and fp8.scheduler.workspace is not None
-    cache = fp8.scheduler.workspace.cache
+    ref = generate_ids(engine, *args, member=member, eos_ids=[])
+    got = generate_ids(fp8, *args, member=member, eos_ids=[])
+    assert fp8.fast is not None and fp8.fast.scheduler.workspace is not None
+    cache = fp8.fast.scheduler.workspace.cache
     assert cache.k.dtype == cache.v.dtype == torch.float8_e4m3fn
-    assert engine.scheduler is not None and engine.scheduler.workspace is not None
-    assert engine.scheduler.workspace.cache.k.element_size() == 4 * cache.k.element_size()
+    assert engine.fast is not None and engine.fast.scheduler.workspace is not None
+    assert engine.fast.scheduler.workspace.cache.k.element_size() == 4 * cache.k.element_size()
     assert cache.k.float().abs().sum() > 0  # written through the rounding copy
     agree = (got == ref).float().mean().item()
     assert agree >= 0.5, agree  # rounding flips near-ties; the runs stay alike
     # first-token logits: the prompt's K/V are rounded to fp8, the difference is small
-    model, ws = fp8.scheduler.model, fp8.scheduler.workspace
-    full = engine.scheduler.model
+    model, ws = fp8.fast.scheduler.model, fp8.fast.scheduler.workspace
+    full = engine.fast.scheduler.model
     row = torch.tensor([0])
     pos = (mask[:1].long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = ws.cos[pos], ws.sin[pos]
@@ -375,7 +382,7 @@ def test_fp8_kv_cache(engine: LocalEngine, tiny_model_dir: str) -> None:
     sampled = Sampling(max_new_tokens=8, temperature=1.0)
     sargs = (ids, mask, pop, sampled)
     runs = [
-        fp8.generate_ids(*sargs, torch.Generator().manual_seed(5), member=member, eos_ids=[])
+        generate_ids(fp8, *sargs, torch.Generator().manual_seed(5), member=member, eos_ids=[])
         for _ in range(2)
     ]
     assert torch.equal(runs[0], runs[1])
