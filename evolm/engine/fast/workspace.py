@@ -16,6 +16,8 @@ workspace (and its graphs) must be rebuilt: a replaced LM-head weight or bias, o
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import Tensor
 
@@ -66,27 +68,20 @@ class Workspace:
         self.next = torch.zeros(slots, dtype=torch.long, device=dev)
         self.vocab, self.dtype = model.lm_head.weight.shape[0], model.embed.dtype
         self.greedy_rows = min(slots, GREEDY_ROWS)
-        self._scratch: Tensor | None = None
-        self._logits: Tensor | None = None
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, object]] = {}
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self.key = graph_key(model)
 
-    @property
+    @cached_property
     def scratch(self) -> Tensor:
-        """``[greedy_rows, vocab]``: greedy's logits, a block of rows at a time."""
-        if self._scratch is None:
-            shape = (self.greedy_rows, self.vocab)
-            self._scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
-        return self._scratch
+        """``[greedy_rows, vocab]``: greedy's logits, a block of rows at a time (allocated at
+        first use)."""
+        return torch.empty((self.greedy_rows, self.vocab), dtype=self.dtype, device=self.device)
 
-    @property
+    @cached_property
     def logits(self) -> Tensor:
         """``[slots, vocab]`` logits for sampling (allocated at first use; greedy needs none)."""
-        if self._logits is None:
-            shape = (self.slots, self.vocab)
-            self._logits = torch.empty(shape, dtype=self.dtype, device=self.device)
-        return self._logits
+        return torch.empty((self.slots, self.vocab), dtype=self.dtype, device=self.device)
 
     def set_batch(self, active: list[int]) -> int:
         """Batch rows ``0..len(active)`` -> the active slots; the rest of the bucket (its size,
