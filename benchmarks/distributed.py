@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness import from_model, generate_ids
 from benchmarks.methods import Workload, sample_population, timed
 from benchmarks.shapes import build_model, shape_config
 from evolm import dist
@@ -60,8 +61,8 @@ def generate_rows(
     tokens, sampling = 0, Sampling(max_new_tokens=new)
     for chosen, members in groups.items():
         part = ids[list(chosen)].repeat(len(members), 1)
-        out = engine.generate_ids(
-            part, torch.ones_like(part), pop.subset(members), sampling, eos_ids=[]
+        out = generate_ids(
+            engine, part, torch.ones_like(part), pop.subset(members), sampling, eos_ids=[]
         )
         tokens += out.numel()
     return tokens
@@ -78,7 +79,7 @@ def measure(work: Workload, reps: int, comm: dist.Comm) -> dict[str, Any]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(work.shape, device, dtype)
     layout = LoraLayout.from_hf_config(shape_config(work.shape), LoraSpec(rank=work.rank))
-    engine = LocalEngine.from_model(model, layout)
+    engine = from_model(model, layout)
     pop, book = sample_population(work, engine)
     vocab = shape_config(work.shape).vocab_size
     gen = torch.Generator().manual_seed(work.seed)

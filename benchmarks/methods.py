@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from benchmarks.harness import generate_ids
 from evolm.engine.hf.multilora import detached, load_population
 from evolm.engine.local import LocalEngine
 from evolm.es import ES
@@ -125,8 +126,9 @@ def sample_population(
         "tell_s": warm_median(lambda: es.tell(state, es.ask(state), fitness)),
     }
     pop = LoraPopulation(layout, tuple(tensors))
-    if engine.fast_path:
-        book["engine_load_s"] = warm_median(lambda: engine.load_fast_lora(pop))
+    fast = engine.fast
+    if fast is not None:
+        book["engine_load_s"] = warm_median(lambda: fast.load_lora(pop))
     return pop, book
 
 
@@ -143,7 +145,7 @@ def time_engine(
     sampling = Sampling(max_new_tokens=work.new_tokens)
 
     def run() -> Tensor:
-        return engine.generate_ids(rows, mask, adapters, sampling, eos_ids=[])
+        return generate_ids(engine, rows, mask, adapters, sampling, eos_ids=[])
 
     warm_s, out = timed(engine.device, run)
     if engine.device.type == "cuda":
@@ -185,7 +187,7 @@ def time_paper(engine: LocalEngine, ids: Tensor, work: Workload, k: int, fast: b
         perturb_s, _ = timed(device, lambda: _perturb(params, m, 1.0, work.sigma))
         if fast:
             gen_s, out = timed(
-                device, lambda: engine.generate_ids(ids, mask, None, sampling, eos_ids=[])
+                device, lambda: generate_ids(engine, ids, mask, None, sampling, eos_ids=[])
             )
             n = out.numel()
         else:

@@ -40,7 +40,7 @@ shard's (the K-GPU speed-up, all-gather aside).
 
 The local methods use the engine's public API only: one :class:`LocalEngine` over the model,
 a sibling per method (:meth:`LocalEngine.with_options`: the fp8 options), rows of any members
-with per-row budgets through :meth:`LocalEngine.generate_ids`.
+with per-row budgets through :func:`benchmarks.harness.generate_ids`.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.methods import Workload, sample_population
 from benchmarks.roofline import Dims, device_peaks
 from benchmarks.shapes import build_model, save_model
@@ -161,7 +162,9 @@ def run_local(
     sampling = Sampling(max_new_tokens=max(budgets))
     _peak_reset(device)
     start = time.perf_counter()
-    out = engine.generate_ids(rows, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[])
+    out = generate_ids(
+        engine, rows, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[]
+    )
     assert out.shape == (len(budgets), max(budgets))
     generated = sum(budgets)
     if device.type == "cuda":
@@ -173,7 +176,7 @@ def run_local(
         "tokens_per_s": generated / seconds,
         "peak_gib": _peak(device),
     }
-    plan = engine.plan
+    plan = None if engine.fast is None else engine.fast.scheduler.plan
     if plan is not None:
         rec.update(
             slots=plan.slots,
@@ -391,7 +394,7 @@ def run(
     model = build_model(shape, device, dtype, seed=0)
     dims = Dims.from_config(model.config)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=4))
-    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine = from_model(model, layout, fast=True)
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     shape_ids = (sizes.prompts, sizes.prompt_len)
@@ -426,7 +429,7 @@ def run(
         if method not in methods:
             continue
         engine.close()  # the other method's buffers go first
-        local = engine.with_options(**settings)
+        local = with_options(engine, **settings)
         # the first regime again at the end, warm (its first run captured graphs)
         again = regimes[:1]
         for i, regime in enumerate([*regimes, *again]):

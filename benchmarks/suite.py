@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from benchmarks import methods as M
+from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.roofline import Dims, device_peaks, floor
 from benchmarks.shapes import build_model, param_bytes
 from evolm.engine.local import LocalEngine
@@ -66,7 +67,7 @@ def run_workload(
     model = build_model(work.shape, device, dtype, seed=work.seed)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=work.rank))
     tuning = tuning or Tuning()
-    engine = LocalEngine.from_model(model, layout, fast=True, tuning=tuning)
+    engine = from_model(model, layout, fast=True, tuning=tuning)
     gen = torch.Generator().manual_seed(work.seed)
     vocab = model.config.vocab_size
     ids = torch.randint(vocab // 8, vocab, (work.prompts, work.prompt_len), generator=gen)
@@ -79,7 +80,7 @@ def run_workload(
         """``run`` on an engine with ``server.quantization=fp8`` (fp8 projection GEMMs) over
         the same model; its buffers go after."""
         engine.close()  # the bf16 buffers first
-        fp8 = engine.with_options(quantization="fp8")
+        fp8 = with_options(engine, quantization="fp8")
         try:
             return run(fp8)
         finally:
@@ -174,8 +175,9 @@ def check_against_hf(
     rows = prompts.repeat(2, 1)
     forced = torch.randint(0, engine.model.config.vocab_size, (4, 4), device=ids.device)
     mask = torch.ones_like(rows)
+    assert engine.fast is not None, "forced logits are the fast path's"
     with torch.inference_mode():
-        ours = engine.forced_logits(rows, mask, few, forced).float()
+        ours = engine.fast.forced_logits(rows, mask, few, forced).float()
     ref = M.hf_forced_logits(engine, few, torch.cat([rows, forced], dim=1), rows.shape[1])
     return {
         "max_abs_diff": (ours - ref).abs().max().item(),
@@ -195,10 +197,10 @@ def profile_kernels(
     sampling = Sampling(max_new_tokens=min(work.new_tokens, 32))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.is_cuda else [])
     engine.close()
-    eager = engine.with_options(tuning=replace(engine.tuning, cuda_graphs=False))
+    eager = with_options(engine, tuning=replace(engine.tuning, cuda_graphs=False))
 
     def run() -> torch.Tensor:
-        return eager.generate_ids(rows, torch.ones_like(rows), pop, sampling, eos_ids=[])
+        return generate_ids(eager, rows, torch.ones_like(rows), pop, sampling, eos_ids=[])
 
     try:
         run()

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from benchmarks import methods as M
+from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.shapes import SHAPES, build_model
 from evolm.engine.local import LocalEngine
 from evolm.engine.options import DTYPES, Tuning
@@ -40,10 +41,10 @@ def apply(engine: LocalEngine, variant: dict[str, str]) -> LocalEngine:
     engine.close()  # the previous variant's buffers first
     pad = int(variant.get("pad", 8))  # (triton ops: at least 16, a power of 2)
     prefill = int(variant["prefill"]) if "prefill" in variant else None
-    tuned = engine.with_options(tuning=Tuning(prefill_tokens=prefill, lora_pad=pad))
-    assert tuned.scheduler is not None
-    tuned.scheduler.model.set_ops(variant.get("ops", "triton"))
-    tuned.scheduler.model.decode_sdpa = variant.get("sdpa") or None
+    tuned = with_options(engine, tuning=Tuning(prefill_tokens=prefill, lora_pad=pad))
+    assert tuned.fast is not None
+    tuned.fast.scheduler.model.set_ops(variant.get("ops", "triton"))
+    tuned.fast.scheduler.model.decode_sdpa = variant.get("sdpa") or None
     return tuned
 
 
@@ -76,14 +77,14 @@ def profile_slots(
     out: dict[str, Any] = {}
     acts = [ProfilerActivity.CUDA if engine.device.type == "cuda" else ProfilerActivity.CPU]
     engine.close()
-    eager = engine.with_options(tuning=replace(engine.tuning, cuda_graphs=False))
+    eager = with_options(engine, tuning=replace(engine.tuning, cuda_graphs=False))
     try:
         for name, new in (("prefill", 1), ("whole", work.new_tokens)):
             sampling = Sampling(max_new_tokens=new)
-            eager.generate_ids(rows, mask, pop, sampling, eos_ids=[])  # warm
+            generate_ids(eager, rows, mask, pop, sampling, eos_ids=[])  # warm
             sync()
             with profile(activities=acts) as prof:
-                eager.generate_ids(rows, mask, pop, sampling, eos_ids=[])
+                generate_ids(eager, rows, mask, pop, sampling, eos_ids=[])
                 sync()
             out[name] = kernels(prof, 1, 24)
     finally:
@@ -93,7 +94,7 @@ def profile_slots(
         for _ in range(5):
             sync()
             t0 = time.perf_counter()
-            engine.load_fast_lora(pop)
+            engine.fast.load_lora(pop)
             t1 = time.perf_counter()
             sync()
             times.append((t1 - t0, time.perf_counter() - t0))
@@ -105,7 +106,7 @@ def run(work: M.Workload, variants: list[dict[str, str]], reps: int, prof: bool)
     device = torch.device("cuda")
     model = build_model(work.shape, device, DTYPES[work.dtype], seed=work.seed)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=work.rank))
-    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine = from_model(model, layout, fast=True)
     ids = torch.randint(1000, 100000, (work.prompts, work.prompt_len), device=device)
     pop, book = M.sample_population(work, engine)
     out: dict[str, Any] = {"shape": work.shape, "bookkeeping": book, "variants": []}

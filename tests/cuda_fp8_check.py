@@ -15,11 +15,11 @@ import sys
 
 import torch
 
+from benchmarks.harness import from_model, with_options
 from benchmarks.methods import Workload, sample_population
 from benchmarks.shapes import build_model
 from evolm.engine.fast.fp8 import Fp8Weight, _quantize_torch
 from evolm.engine.kernels.quant import quantize_rows
-from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
 
 DEV = torch.device("cuda")
@@ -86,7 +86,7 @@ def gemms() -> dict[str, dict[str, float]]:
 def logits(shape: str = "qwen2.5-1.5b", members: int = 4, prompts: int = 8) -> dict[str, float]:
     model = build_model(shape, DEV, torch.bfloat16, seed=1)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=4))
-    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine = from_model(model, layout, fast=True)
     work = Workload(shape=shape, members=members, prompts=prompts, sigma=0.05)
     pop, _ = sample_population(work, engine)
     gen = torch.Generator().manual_seed(0)
@@ -94,13 +94,13 @@ def logits(shape: str = "qwen2.5-1.5b", members: int = 4, prompts: int = 8) -> d
     ids = torch.randint(10, vocab, (prompts, 32), generator=gen).repeat(members, 1).to(DEV)
     mask = torch.ones_like(ids)
     forced = torch.randint(10, vocab, (prompts, 6), generator=gen).repeat(members, 1).to(DEV)
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     res = {}
     with torch.inference_mode():
-        ref = engine.scheduler.forced_logits(ids, mask, engine.load_fast_lora(pop), forced)
-        fp8 = engine.with_options(quantization="fp8")  # the same fast forward, quantized
-        assert fp8.scheduler is not None
-        got = fp8.scheduler.forced_logits(ids, mask, fp8.load_fast_lora(pop), forced).float()
+        ref = engine.fast.forced_logits(ids, mask, pop, forced)
+        fp8 = with_options(engine, quantization="fp8")  # the same fast forward, quantized
+        assert fp8.fast is not None
+        got = fp8.fast.forced_logits(ids, mask, pop, forced).float()
         ref = ref.float()
     res["logits_rel"] = rel(got, ref)
     res["argmax_agree"] = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()

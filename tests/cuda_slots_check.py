@@ -14,9 +14,9 @@ import json
 
 import torch
 
+from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.methods import Workload, sample_population
 from benchmarks.shapes import build_model
-from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
@@ -28,7 +28,7 @@ def compare(shape: str, dtype: torch.dtype, members: int, prompts: int, new: int
     dev = DEV
     model = build_model(shape, dev, dtype, seed=1)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=4))
-    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine = from_model(model, layout, fast=True)
     work = Workload(shape=shape, members=members, prompts=prompts, sigma=0.05)
     pop, _ = sample_population(work, engine)
     gen = torch.Generator().manual_seed(0)
@@ -38,16 +38,16 @@ def compare(shape: str, dtype: torch.dtype, members: int, prompts: int, new: int
     mask[::3, :5] = 0  # left padding on some rows
     rows = ids.shape[0]
     sampling = Sampling(max_new_tokens=new)
-    ref = engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])  # one batch
+    ref = generate_ids(engine, ids, mask, pop, sampling, eos_ids=[])  # one batch
     assert engine.last_timings["slots"] == rows and engine.last_timings["prefills"] == 1
-    capped = engine.with_options(max_batch_rows=rows // 3)
+    capped = with_options(engine, max_batch_rows=rows // 3)
     member = torch.arange(members, device=dev).repeat_interleave(prompts)
     budgets = [int(b) for b in torch.randint(1, new + 1, (rows,), generator=gen)]
     budgets[0] = new
     perm = torch.randperm(rows, generator=gen).to(dev)
     got = torch.empty_like(ref)
-    out = capped.generate_ids(
-        ids[perm], mask[perm], pop, sampling, member=member[perm],
+    out = generate_ids(
+        capped, ids[perm], mask[perm], pop, sampling, member=member[perm],
         budgets=[budgets[i] for i in perm.tolist()], eos_ids=[],
     )  # fmt: skip
     got[perm] = out
@@ -56,7 +56,7 @@ def compare(shape: str, dtype: torch.dtype, members: int, prompts: int, new: int
         a, b = got[i, : budgets[i]], ref[i, : budgets[i]]
         same += int((a == b).sum())
         total += budgets[i]
-        assert bool((got[i, budgets[i] :] == engine.pad_id).all())
+        assert bool((got[i, budgets[i] :] == engine.texts.pad_id).all())
     return same / total
 
 
@@ -64,11 +64,11 @@ def planner_error() -> str:
     dev = torch.device("cuda")
     model = build_model("qwen2.5-1.5b", dev, torch.bfloat16, seed=1)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=4))
-    engine = LocalEngine.from_model(model, layout, fast=True, gpu_memory_utilization=0.03)
+    engine = from_model(model, layout, fast=True, gpu_memory_utilization=0.03)
     pop = LoraPopulation(layout, tuple(torch.zeros(2, *s, device=dev) for s in layout.shapes()))
     ids = torch.ones(4, 128, dtype=torch.long, device=dev)
     try:
-        engine.generate_ids(ids, torch.ones_like(ids), pop, Sampling(max_new_tokens=1024))
+        generate_ids(engine, ids, torch.ones_like(ids), pop, Sampling(max_new_tokens=1024))
     except ConfigError as e:
         return str(e)
     return "no error"

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from test_fastpath import check_forced, check_triton_ops, llama_model, population
 
+from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.shapes import build_model
 from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
@@ -36,14 +37,14 @@ def check_slots(engine: LocalEngine, layout: LoraLayout) -> bool:
     member = torch.tensor([2, 0, 1, 1, 0, 2])
     budgets = [4, 2, 3, 1, 4, 2]
     pop = population(layout, 3)
-    capped = engine.with_options(max_batch_rows=3)
-    assert capped.scheduler is not None
+    capped = with_options(engine, max_batch_rows=3)
+    assert capped.fast is not None
     sampling = Sampling(max_new_tokens=4)
     kw = dict(member=member, budgets=budgets, eos_ids=[])
-    triton_tokens = capped.generate_ids(ids, mask, pop, sampling, **kw)  # type: ignore[arg-type]
-    capped.scheduler.model.set_ops("eager")
-    eager_tokens = capped.generate_ids(ids, mask, pop, sampling, **kw)  # type: ignore[arg-type]
-    capped.scheduler.model.set_ops("triton")
+    triton_tokens = generate_ids(capped, ids, mask, pop, sampling, **kw)  # type: ignore[arg-type]
+    capped.fast.scheduler.model.set_ops("eager")
+    eager_tokens = generate_ids(capped, ids, mask, pop, sampling, **kw)  # type: ignore[arg-type]
+    capped.fast.scheduler.model.set_ops("triton")
     return bool(torch.equal(triton_tokens, eager_tokens))
 
 
@@ -72,27 +73,27 @@ def main() -> None:
     check_triton_ops(torch.device("cpu"), torch.float32)
     model = build_model("tiny", torch.device("cpu"), torch.float32, seed=3)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
-    engine = LocalEngine.from_model(model, layout, fast=True)
-    assert engine.scheduler is not None
-    engine.scheduler.model.set_ops("triton")
+    engine = from_model(model, layout, fast=True)
+    assert engine.fast is not None
+    engine.fast.scheduler.model.set_ops("triton")
     out = {}
     for prompts in (16, 3):  # rows per member: 16-row kernel programs, or 1-row ones
         out[f"lora_{prompts}"] = check_forced(engine, population(layout, 3), prompts)
         out[f"base_{prompts}"] = check_forced(engine, None, prompts)
-    out["spare_rows"] = engine.scheduler.model.layers[0].qkv.weight.shape[0]
+    out["spare_rows"] = engine.fast.scheduler.model.layers[0].qkv.weight.shape[0]
     out["slots_equal"] = check_slots(engine, layout)
     # an fp8 KV cache: the RoPE kernel rounds K/V into it, slot attention widens them to fp16
-    fp8 = LocalEngine.from_model(model, layout, fast=True, kv_cache_dtype="fp8")
-    assert fp8.scheduler is not None
-    fp8.scheduler.model.set_ops("triton")
+    fp8 = from_model(model, layout, fast=True, kv_cache_dtype="fp8")
+    assert fp8.fast is not None
+    fp8.fast.scheduler.model.set_ops("triton")
     out["slots_fp8_equal"] = check_slots(fp8, layout)
     out["quantizer_equal"] = check_quantizer()
     # SmolLM2's layout (Llama: no q/k/v bias, tied embeddings, 9 / 3 heads, hidden 288)
     llama = llama_model(smol=True)
     layout = LoraLayout.from_hf_config(llama.config, LoraSpec(rank=3))
-    engine = LocalEngine.from_model(llama, layout, fast=True)
-    assert engine.scheduler is not None
-    engine.scheduler.model.set_ops("triton")
+    engine = from_model(llama, layout, fast=True)
+    assert engine.fast is not None
+    engine.fast.scheduler.model.set_ops("triton")
     out["llama_lora"] = check_forced(engine, population(layout, 2), 2)  # kept short: interpreted
     print(json.dumps(out))
 

@@ -125,7 +125,13 @@ def test_real_bench_times_each_ranks_shard(tmp_path) -> None:
         main([*args[:-1], "rows", "--json", str(out_json)])
 
 
-ENGINE_API = {"evolm.engine", "evolm.engine.base", "evolm.engine.local", "evolm.engine.options"}
+ENGINE_API = {  # the Engine protocol, the local engine, its options, its paths' requests
+    "evolm.engine",
+    "evolm.engine.base",
+    "evolm.engine.local",
+    "evolm.engine.options",
+    "evolm.engine.backend",
+}
 KERNEL_BENCHES = {  # they time kernels, or pick them, directly (or run the HF modules bare)
     "benchmarks.kernels",
     "benchmarks.slot_tune",

@@ -37,8 +37,8 @@ def test_base_generation_matches_transformers_generate(engine: LocalEngine) -> N
             **enc,
             max_new_tokens=12,
             do_sample=False,
-            eos_token_id=engine.eos_ids,
-            pad_token_id=engine.pad_id,
+            eos_token_id=engine.texts.eos_ids,
+            pad_token_id=engine.texts.pad_id,
         )
         expected = engine.tokenizer.decode(
             out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True
@@ -88,7 +88,7 @@ def test_sampling_is_reproducible_per_seed(engine: LocalEngine) -> None:
 def test_rows_stop_at_eos(engine: LocalEngine) -> None:
     """Force EOS as the argmax after the first token through a huge EOS logit bias."""
     lm_head = engine.model.get_output_embeddings()
-    eos = engine.eos_ids[0]
+    eos = engine.texts.eos_ids[0]
     saved = None if lm_head.bias is None else lm_head.bias.clone()
     bias = torch.zeros(lm_head.out_features)
     bias[eos] = 1e4

@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from benchmarks.harness import from_model, generate_ids
 from benchmarks.shapes import build_model
 from evolm.engine.fast.lora import FastLora, GroupLora, RankActs, lora_delta, operand, project
 from evolm.engine.fast.runner import member_runs
@@ -68,10 +69,9 @@ def check_forced(engine: LocalEngine, pop: LoraPopulation | None, prompts: int =
     ids, mask = left_padded(prompts, 9, vocab)
     ids, mask = ids.repeat(members, 1), mask.repeat(members, 1)
     forced = torch.randint(0, vocab, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
-    assert engine.scheduler is not None
-    lora = None if pop is None else engine.load_fast_lora(pop)
-    ours = engine.scheduler.forced_logits(
-        ids.to(engine.device), mask.to(engine.device), lora, forced.to(engine.device)
+    assert engine.fast is not None
+    ours = engine.fast.forced_logits(
+        ids.to(engine.device), mask.to(engine.device), pop, forced.to(engine.device)
     )
     ref = hf_reference(
         engine, pop, ids.to(engine.device), mask.to(engine.device), forced.to(engine.device)
@@ -95,9 +95,9 @@ def qwen() -> torch.nn.Module:
 def test_forced_logits_equal_hf_multilora(qwen: torch.nn.Module, spec: LoraSpec) -> None:
     """Padded prompts, prefill in chunks of one row, then 5 decode steps."""
     layout = LoraLayout.from_hf_config(qwen.config, spec)
-    engine = LocalEngine.from_model(qwen, layout, fast=True)
-    assert engine.scheduler is not None
-    engine.scheduler.prefill_tokens = 1  # many chunks
+    engine = from_model(qwen, layout, fast=True)
+    assert engine.fast is not None
+    engine.fast.scheduler.prefill_tokens = 1  # many chunks
     assert check_forced(engine, population(layout, 3)) <= TOL
     assert check_forced(engine, None) <= TOL
 
@@ -127,25 +127,25 @@ def llama_model(smol: bool = True, seed: int = 0) -> torch.nn.Module:
 def test_llama_without_biases_matches_too(smol: bool) -> None:
     model = llama_model(smol)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=2))
-    engine = LocalEngine.from_model(model, layout, fast=True)
+    engine = from_model(model, layout, fast=True)
     assert check_forced(engine, population(layout, 2)) <= TOL
     assert check_forced(engine, None) <= TOL
 
 
 def test_generation_equals_hf_path(qwen: torch.nn.Module) -> None:
     layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
-    fast = LocalEngine.from_model(qwen, layout, fast=True)
+    fast = from_model(qwen, layout, fast=True)
     ids, mask = left_padded(4, 7, qwen.config.vocab_size, seed=4)
     pop = population(layout, 3)
     rows, masks = ids.repeat(3, 1), mask.repeat(3, 1)
     sampling = Sampling(max_new_tokens=12)
-    ours = fast.generate_ids(rows, masks, pop, sampling, eos_ids=[])
-    slow = LocalEngine.from_model(qwen, layout, fast=False)
-    theirs = slow.generate_ids(rows, masks, pop, sampling, eos_ids=[])
+    ours = generate_ids(fast, rows, masks, pop, sampling, eos_ids=[])
+    slow = from_model(qwen, layout, fast=False)
+    theirs = generate_ids(slow, rows, masks, pop, sampling, eos_ids=[])
     assert ours.shape == (12, 12) and torch.equal(ours, theirs)
     hot = Sampling(max_new_tokens=12, temperature=1.0)
-    a = fast.generate_ids(rows, masks, pop, hot, torch.Generator().manual_seed(3), eos_ids=[])
-    b = fast.generate_ids(rows, masks, pop, hot, torch.Generator().manual_seed(3), eos_ids=[])
+    a = generate_ids(fast, rows, masks, pop, hot, torch.Generator().manual_seed(3), eos_ids=[])
+    b = generate_ids(fast, rows, masks, pop, hot, torch.Generator().manual_seed(3), eos_ids=[])
     assert torch.equal(a, b)
 
 
@@ -214,22 +214,22 @@ def test_grouped_lora_equals_each_module_alone(in_weights: bool, targets: list[s
 
 def test_workspace_is_reused_for_the_same_shape(qwen: torch.nn.Module) -> None:
     layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
-    engine = LocalEngine.from_model(qwen, layout, fast=True)
+    engine = from_model(qwen, layout, fast=True)
     ids = torch.randint(3, 100, (6, 5))
 
     def run(new: int, rows: torch.Tensor) -> None:
         sampling = Sampling(max_new_tokens=new)
-        engine.generate_ids(rows, torch.ones_like(rows), None, sampling, eos_ids=[])
+        generate_ids(engine, rows, torch.ones_like(rows), None, sampling, eos_ids=[])
 
-    assert engine.scheduler is not None  # the slot workspace: kept while the rows fit in it
+    assert engine.fast is not None  # the slot workspace: kept while the rows fit in it
     run(4, ids)
-    slots = engine.scheduler.workspace
+    slots = engine.fast.scheduler.workspace
     run(3, ids)  # same rows and (rounded) positions: same plan, same buffers and graphs
-    assert engine.scheduler.workspace is slots
+    assert engine.fast.scheduler.workspace is slots
     run(4, ids[:4])  # fewer rows: they fit in the slots there are
-    assert engine.scheduler.workspace is slots
+    assert engine.fast.scheduler.workspace is slots
     run(40, ids)  # more positions than its cache has: planned again
-    assert engine.scheduler.workspace is not slots
+    assert engine.fast.scheduler.workspace is not slots
 
 
 @pytest.mark.gpu
@@ -240,10 +240,10 @@ def test_cuda_graph_decode_equals_hf_fp32(ops: str, prompts: int) -> None:
     """On a GPU in fp32: the graph-replayed decode against the HF reference (<= 1e-3)."""
     model = build_model("tiny", torch.device("cuda"), torch.float32, seed=3)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
-    engine = LocalEngine.from_model(model, layout, fast=True)
-    assert engine.scheduler is not None
-    engine.scheduler.model.set_ops(ops)
-    assert engine.scheduler.runner.graphs
+    engine = from_model(model, layout, fast=True)
+    assert engine.fast is not None
+    engine.fast.scheduler.model.set_ops(ops)
+    assert engine.fast.scheduler.runner.graphs
     assert check_forced(engine, population(layout, 3), prompts) <= 1e-3
     assert check_forced(engine, None, prompts) <= 1e-3
 
@@ -255,9 +255,9 @@ def test_cuda_graph_decode_equals_hf_fp32_smollm2_shape(ops: str) -> None:
     """The same on a SmolLM2-shaped Llama (tied embeddings, 9 / 3 heads, no q/k/v bias)."""
     model = llama_model(smol=True).to("cuda")
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
-    engine = LocalEngine.from_model(model, layout, fast=True)
-    assert engine.scheduler is not None
-    engine.scheduler.model.set_ops(ops)
+    engine = from_model(model, layout, fast=True)
+    assert engine.fast is not None
+    engine.fast.scheduler.model.set_ops(ops)
     assert check_forced(engine, population(layout, 3), 16) <= 1e-3
     assert check_forced(engine, None, 3) <= 1e-3
 

@@ -164,7 +164,7 @@ def test_exported_model_loads_in_transformers_with_the_engines_logits(
     layout = LoraLayout.from_hf_config(exported.config, LoraSpec())
     names = [f"{t.path}.weight" for t in layout.targets]
     engine = LocalEngine(tiny_model_dir, layout, device="cpu")
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     prompts = ["Solve: 3 + 5 =", "What is the capital of France?"]
     sampling = Sampling(max_new_tokens=12, temperature=0.0)
     before = engine.generate(prompts, None, sampling, seed=0)  # graphs/buffers built first
@@ -472,8 +472,8 @@ def test_update_base_weights_refreshes_fused_and_fp8_weights_in_place(tiny_model
 
     layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec())
     engine = LocalEngine(tiny_model_dir, layout, device="cpu", quantization="fp8")
-    assert engine.scheduler is not None
-    qkv = engine.scheduler.model.layers[0].qkv
+    assert engine.fast is not None
+    qkv = engine.fast.scheduler.model.layers[0].qkv
     q = layout.targets[0]
     assert q.path.endswith("0.self_attn.q_proj")
     ptrs = (qkv.weight.data_ptr(), qkv.fp8.weight.data_ptr(), qkv.fp8.scale.data_ptr())

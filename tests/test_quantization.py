@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from benchmarks.harness import from_model
 from benchmarks.shapes import build_model
 from evolm.engine.fast.fp8 import FP8_MAX, Fp8Weight, fp8_shape_problem, quantize_rows
 from evolm.engine.fast.lora import GroupLora, project
@@ -84,7 +85,7 @@ def qwen_pair() -> tuple[LocalEngine, LocalEngine]:
     def engine(quantization: str | None) -> LocalEngine:
         model = build_model("tiny", CPU, torch.float32, seed=3)
         layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3, alpha=6.0))
-        return LocalEngine.from_model(model, layout, fast=True, quantization=quantization)
+        return from_model(model, layout, fast=True, quantization=quantization)
 
     return engine(None), engine("fp8")
 
@@ -95,9 +96,9 @@ def forced(engine: LocalEngine, members: int, prompts: int = 3) -> torch.Tensor:
     ids, mask = left_padded(prompts, 9, vocab)
     ids, mask = ids.repeat(members, 1), mask.repeat(members, 1)
     tokens = torch.randint(0, vocab, (ids.shape[0], 5), generator=torch.Generator().manual_seed(1))
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     with torch.inference_mode():
-        return engine.scheduler.forced_logits(ids, mask, engine.load_fast_lora(pop), tokens)
+        return engine.fast.forced_logits(ids, mask, pop, tokens)
 
 
 def test_fp8_engine_is_close_and_keeps_the_members_differences(
@@ -107,11 +108,14 @@ def test_fp8_engine_is_close_and_keeps_the_members_differences(
     the fp8 path is really taken), and the members' logit differences, what ES ranks, survive
     (the LoRA products are not quantized)."""
     full, fp8 = qwen_pair
-    assert full.scheduler is not None and fp8.scheduler is not None
-    assert fp8.scheduler.model.quantized and not full.scheduler.model.quantized
-    projs = fp8.scheduler.model.projections()
+    assert full.fast is not None and fp8.fast is not None
+    assert fp8.fast.scheduler.model.quantized and not full.fast.scheduler.model.quantized
+    projs = fp8.fast.scheduler.model.projections()
     fp8_bytes = sum(p.fp8.nbytes for p in projs if p.fp8 is not None)
-    assert fp8.scheduler.model.weight_bytes() == full.scheduler.model.weight_bytes() + fp8_bytes
+    assert (
+        fp8.fast.scheduler.model.weight_bytes()
+        == full.fast.scheduler.model.weight_bytes() + fp8_bytes
+    )
     assert fp8_bytes >= sum(p.out * p.weight.shape[1] for p in projs)  # one byte per weight
     members, prompts = 3, 3
     ref, got = forced(full, members, prompts), forced(fp8, members, prompts)
@@ -129,8 +133,8 @@ def test_quantizing_invalidates_workspaces_and_checks_gpu_sizes(
     """Turning fp8 on or off bumps the weights' version, so workspaces (CUDA graphs baked with
     the other GEMMs) are rebuilt; sizes ``torch._scaled_mm`` cannot take are named."""
     _, fp8 = qwen_pair
-    assert fp8.scheduler is not None
-    model = fp8.scheduler.model
+    assert fp8.fast is not None
+    model = fp8.fast.scheduler.model
     version, key = model.weights_version, graph_key(model)
     model.quantize(False)
     assert not model.quantized and model.weights_version == version + 1

@@ -22,6 +22,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from benchmarks.harness import from_model
 from evolm.cli.export import main as export_main
 from evolm.engine.local import LocalEngine
 from evolm.lora import LoraLayout, LoraSpec
@@ -203,7 +204,7 @@ def engine(evolm_cache: Path) -> LocalEngine:
 def test_engine_answers_countdown_in_the_paper_format(engine: LocalEngine) -> None:
     """Greedy, the paper's prompt in its chat variant: the 0.5B reasons and closes with the
     answer tags (measured: format 1.0, arithmetic wrong, as the paper's base accuracy ~0)."""
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     example = Countdown(chat_template=True).eval[1]  # [17, 51, 5] -> 872
     [[completion]] = engine.generate(
         [chat(engine.tokenizer, example)], None, Sampling(max_new_tokens=128), seed=0
@@ -221,7 +222,7 @@ def test_fast_and_hf_paths_equal_transformers(engine: LocalEngine) -> None:
     prompts = [chat(engine.tokenizer, e) for e in task.eval[:2]]
     sampling = Sampling(max_new_tokens=12)
     fast = engine.generate(prompts, None, sampling, seed=0)[0]
-    hf = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+    hf = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     assert hf.fast is None
     assert hf.generate(prompts, None, sampling, seed=0)[0] == fast
     for prompt, text in zip(prompts, fast, strict=True):

@@ -12,8 +12,9 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from benchmarks.harness import from_model, generate_ids, with_options
 from evolm.engine.fast.model import to_cache
-from evolm.engine.fast.plan import GiB, Shape, plan_slots
+from evolm.engine.fast.plan import GiB, Shape, activation_bytes, plan_slots, prefill_tokens
 from evolm.engine.fast.workspace import buckets
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
@@ -43,9 +44,9 @@ def rows(engine: LocalEngine, members: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def one_batch(engine: LocalEngine, *args: object, **kw: object) -> torch.Tensor:
     """The HF path's lock-step batch over the same model (the reference)."""
-    hf = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+    hf = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     try:
-        return hf.generate_ids(*args, **kw)  # type: ignore[arg-type]
+        return generate_ids(hf, *args, **kw)  # type: ignore[arg-type]
     finally:
         engine.use_layout(engine.layout)  # the fast engine's own wrappers back
 
@@ -56,16 +57,20 @@ def test_refills_equal_one_batch_and_transformers(engine: LocalEngine) -> None:
     ids, mask = rows(engine, 4)
     sampling = Sampling(max_new_tokens=9)
     reference = one_batch(engine, ids, mask, pop, sampling, eos_ids=[])
-    capped = engine.with_options(max_batch_rows=3)
-    slotted = capped.generate_ids(ids, mask, pop, sampling, eos_ids=[])
+    capped = with_options(engine, max_batch_rows=3)
+    slotted = generate_ids(capped, ids, mask, pop, sampling, eos_ids=[])
     assert capped.last_timings["slots"] == 3 and capped.last_timings["prefills"] >= 4
     assert torch.equal(slotted, reference)
     # the base model's rows equal transformers' generate
-    base = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
+    base = generate_ids(engine, ids[:3], mask[:3], None, sampling, eos_ids=[])
     for i, prompt in enumerate(PROMPTS):
         enc = engine.tokenizer(prompt, return_tensors="pt")
         ref = engine.model.generate(
-            **enc, max_new_tokens=9, do_sample=False, eos_token_id=engine.eos_ids, pad_token_id=0
+            **enc,
+            max_new_tokens=9,
+            do_sample=False,
+            eos_token_id=engine.texts.eos_ids,
+            pad_token_id=0,
         )
         want = ref[0, enc["input_ids"].shape[1] :].tolist()
         assert base[i, : len(want)].tolist() == want  # HF stops at EOS; ours ran on (eos_ids=[])
@@ -79,12 +84,12 @@ def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
     n = ids.shape[0]
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
     sampling = Sampling(max_new_tokens=12)
-    full = engine.generate_ids(ids, mask, pop, sampling, member=member, eos_ids=[])
+    full = generate_ids(engine, ids, mask, pop, sampling, member=member, eos_ids=[])
     eos = int(full[1, 4])  # a token that row 1 emits mid-way
     budgets = [1 + (5 * i) % 12 for i in range(n)]
-    capped = engine.with_options(max_batch_rows=4)
-    got = capped.generate_ids(
-        ids, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[eos]
+    capped = with_options(engine, max_batch_rows=4)
+    got = generate_ids(
+        capped, ids, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[eos]
     )
     assert got.shape == (n, max(budgets))
     stopped = 0
@@ -95,7 +100,7 @@ def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
             stopped += len(want) < budgets[i]
         row = got[i].tolist()
         assert row[: len(want)] == want
-        assert all(t == engine.pad_id for t in row[len(want) :])
+        assert all(t == engine.texts.pad_id for t in row[len(want) :])
     assert stopped >= 1, "the test should stop a row at EOS before its budget"
 
 
@@ -105,12 +110,12 @@ def test_the_tail_is_the_steps_that_serve_a_few_long_rows(engine: LocalEngine) -
     are the tail; with equal budgets no step is."""
     ids, mask = rows(engine, 10)  # 30 rows of the base model
     sampling, n = Sampling(max_new_tokens=30), ids.shape[0]
-    engine.generate_ids(ids, mask, None, sampling, budgets=[5] * (n - 1) + [30], eos_ids=[])
+    generate_ids(engine, ids, mask, None, sampling, budgets=[5] * (n - 1) + [30], eos_ids=[])
     skewed = engine.last_timings
     assert skewed["slots"] >= n  # all rows admitted at once: the queue empties at the start
     assert skewed["tail_steps"] >= 24, skewed  # one row of 30 slots runs alone after step 5
     assert 0 < skewed["tail_s"] <= skewed["generate_s"], skewed
-    engine.generate_ids(ids, mask, None, sampling, budgets=[30] * n, eos_ids=[])
+    generate_ids(engine, ids, mask, None, sampling, budgets=[30] * n, eos_ids=[])
     even = engine.last_timings
     assert even["tail_steps"] == 0 and even["tail_s"] == 0.0, even
 
@@ -131,11 +136,11 @@ def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
     ids, mask = rows(engine, 3)
     sampling = Sampling(max_new_tokens=6)
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
-    ordered = engine.generate_ids(ids, mask, pop, sampling, member=member, eos_ids=[])
+    ordered = generate_ids(engine, ids, mask, pop, sampling, member=member, eos_ids=[])
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(0))
-    capped = engine.with_options(max_batch_rows=5)
-    shuffled = capped.generate_ids(
-        ids[perm], mask[perm], pop, sampling, member=member[perm], eos_ids=[]
+    capped = with_options(engine, max_batch_rows=5)
+    shuffled = generate_ids(
+        capped, ids[perm], mask[perm], pop, sampling, member=member[perm], eos_ids=[]
     )
     assert torch.equal(shuffled, ordered[perm])
 
@@ -143,7 +148,7 @@ def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:
 def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> None:
     """Prefills take their rows sorted by member; eager LoRA by member runs (one GEMM per
     member's run of tokens) samples the same tokens, row by row, as the per-row path."""
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     pop = population(engine, 3)
     ids, mask = rows(engine, 3)
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(1))
@@ -152,14 +157,16 @@ def test_prefill_by_member_runs_keeps_each_rows_draws(engine: LocalEngine) -> No
 
     def sampled() -> torch.Tensor:
         seed = torch.Generator().manual_seed(7)
-        return engine.generate_ids(ids[perm], mask[perm], pop, hot, seed, member=member, eos_ids=[])
+        return generate_ids(
+            engine, ids[perm], mask[perm], pop, hot, seed, member=member, eos_ids=[]
+        )
 
     by_runs = sampled()
-    engine.scheduler.runner.prefill_runs = False
+    engine.fast.scheduler.runner.prefill_runs = False
     try:
         per_row = sampled()
     finally:
-        engine.scheduler.runner.prefill_runs = True
+        engine.fast.scheduler.runner.prefill_runs = True
     assert torch.equal(by_runs, per_row)
 
 
@@ -176,8 +183,8 @@ def test_generate_text_equals_hf_path(engine: LocalEngine) -> None:
     """The public generate (EOS on) gives the same texts on both paths."""
     pop = population(engine, 2)
     sampling = Sampling(max_new_tokens=10)
-    cont = engine.with_options(max_batch_rows=2).generate(PROMPTS, pop, sampling, seed=0)
-    hf = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+    cont = with_options(engine, max_batch_rows=2).generate(PROMPTS, pop, sampling, seed=0)
+    hf = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     try:
         old = hf.generate(PROMPTS, pop, sampling, seed=0)
     finally:
@@ -194,20 +201,20 @@ SHAPE = Shape(
 def test_workspace_kept_for_smaller_generations(engine: LocalEngine) -> None:
     """An evaluation (fewer rows) after a population's generation reuses its slots, cache and
     graphs instead of planning and allocating again; more positions than it has: re-planned."""
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     pop = population(engine, 4)
     ids, mask = rows(engine, 4)
     sampling = Sampling(max_new_tokens=6)
-    engine.scheduler.reset()
-    alone = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
-    engine.generate_ids(ids, mask, pop, sampling, eos_ids=[])
-    ws = engine.scheduler.workspace
+    engine.fast.scheduler.reset()
+    alone = generate_ids(engine, ids[:3], mask[:3], None, sampling, eos_ids=[])
+    generate_ids(engine, ids, mask, pop, sampling, eos_ids=[])
+    ws = engine.fast.scheduler.workspace
     assert ws is not None and ws.slots == ids.shape[0]
-    after = engine.generate_ids(ids[:3], mask[:3], None, sampling, eos_ids=[])
-    assert engine.scheduler.workspace is ws
+    after = generate_ids(engine, ids[:3], mask[:3], None, sampling, eos_ids=[])
+    assert engine.fast.scheduler.workspace is ws
     assert torch.equal(after, alone)
-    engine.generate_ids(ids[:3], mask[:3], None, Sampling(max_new_tokens=60), eos_ids=[])
-    assert engine.scheduler.workspace is not ws and engine.scheduler.workspace is not None
+    generate_ids(engine, ids[:3], mask[:3], None, Sampling(max_new_tokens=60), eos_ids=[])
+    assert engine.fast.scheduler.workspace is not ws and engine.fast.scheduler.workspace is not None
 
 
 def test_old_workspace_freed_before_a_new_plan(
@@ -218,11 +225,11 @@ def test_old_workspace_freed_before_a_new_plan(
     left a 1.5B run's eval with "0 MiB after 119.5 GiB in use" on an H200)."""
     import evolm.engine.fast.scheduler as scheduler_module
 
-    assert engine.scheduler is not None
+    assert engine.fast is not None
     ids, mask = rows(engine, 1)
-    engine.scheduler.reset()
-    engine.generate_ids(ids, mask, None, Sampling(max_new_tokens=4), eos_ids=[])
-    old = weakref.ref(engine.scheduler.workspace)
+    engine.fast.scheduler.reset()
+    generate_ids(engine, ids, mask, None, Sampling(max_new_tokens=4), eos_ids=[])
+    old = weakref.ref(engine.fast.scheduler.workspace)
     seen: list[bool] = []
     real = scheduler_module.plan_slots
 
@@ -231,41 +238,83 @@ def test_old_workspace_freed_before_a_new_plan(
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(scheduler_module, "plan_slots", measuring)
-    engine.generate_ids(ids, mask, None, Sampling(max_new_tokens=40), eos_ids=[])
+    generate_ids(engine, ids, mask, None, Sampling(max_new_tokens=40), eos_ids=[])
     assert seen == [True]
+
+
+CHUNK = GiB // activation_bytes(SHAPE)  # prefill tokens: about a GiB of activations
 
 
 def test_planner_sizes_slots_from_free_memory() -> None:
     total = 80 * GiB
-    plan = plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total))
+    plan = plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, None, (total - 4 * GiB, total))
     kv = 2 * 28 * 2 * 128 * 1152 * 2  # 28 KiB per position
     assert kv <= plan.per_slot < kv * 1.01
     assert plan.slots == (int(0.9 * total) - 4 * GiB - plan.fixed) // plan.per_slot
     assert 1500 < plan.slots < 2200
-    capped = plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, 500, (total - 4 * GiB, total))
+    capped = plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, 500, (total - 4 * GiB, total))
     assert capped.slots == 500
-    few = plan_slots(SHAPE, 40, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total))
+    few = plan_slots(SHAPE, 40, 1152, True, CHUNK, 0.9, None, (total - 4 * GiB, total))
     assert few.slots == 40
-    cpu = plan_slots(SHAPE, 40, 1152, True, GiB, 0.9, 7, None)
+    cpu = plan_slots(SHAPE, 40, 1152, True, CHUNK, 0.9, 7, None)
     assert cpu.slots == 7
     # an fp8 cache: half the KV bytes per slot, so about twice the slots in the same budget
     fp8 = plan_slots(
-        replace(SHAPE, kv_itemsize=1), 6000, 1152, True, GiB, 0.9, None, (total - 4 * GiB, total)
+        replace(SHAPE, kv_itemsize=1), 6000, 1152, True, CHUNK, 0.9, None, (total - 4 * GiB, total)
     )
     assert kv // 2 <= fp8.per_slot < kv // 2 * 1.02
     assert 1.9 * plan.slots < fp8.slots < 2.0 * plan.slots
 
 
+QWEN05 = Shape(
+    layers=24, kv_heads=2, head_dim=64, hidden=896, inter=4864, q_out=896, vocab=151936,
+    itemsize=2, weight_bytes=int(0.99 * GiB), name="qwen2.5-0.5b",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("shape", "total_gib", "greedy", "kv_itemsize", "lora_cols", "rows", "positions", "pinned"),
+    [
+        (SHAPE, 79.2, True, 2, 0, 6000, 2048, (1162, 21711)),
+        (SHAPE, 79.2, False, 2, 0, 6000, 2048, (1093, 21711)),
+        (SHAPE, 139.8, True, 2, 0, 6000, 2048, (2112, 38324)),
+        (SHAPE, 139.8, False, 1, 8192, 6000, 2048, (3722, 38324)),
+        (QWEN05, 79.2, True, 2, 0, 6000, 2048, (2799, 39196)),
+        (QWEN05, 139.8, False, 2, 0, 6000, 2048, (4347, 69187)),
+    ],
+)
+def test_the_one_activation_formula_keeps_the_planned_slots(
+    shape: Shape,
+    total_gib: float,
+    greedy: bool,
+    kv_itemsize: int,
+    lora_cols: int,
+    rows: int,
+    positions: int,
+    pinned: tuple[int, int],
+) -> None:
+    """Slots and prefill chunk tokens as the two formulas (decode rows in the planner, prefill
+    tokens in the scheduler) gave them before plan.py's one formula replaced both: computed at
+    be7a9ea for H100 / H200 memory (79.2 / 139.8 GiB), the weights plus half a GiB in use."""
+    total = int(total_gib * GiB)
+    weights = int({"qwen2.5-1.5b": 3.1, "qwen2.5-0.5b": 0.99}[shape.name] * GiB)
+    shape = replace(shape, kv_itemsize=kv_itemsize, lora_cols=lora_cols, weight_bytes=weights)
+    used = int((weights / GiB + 0.5) * GiB)
+    chunk = prefill_tokens(shape, total)
+    plan = plan_slots(shape, rows, positions, greedy, chunk, 0.9, None, (total - used, total))
+    assert (plan.slots, chunk) == pinned
+
+
 def test_planner_errors_name_the_keys_and_numbers() -> None:
     total = 16 * GiB
     with pytest.raises(ConfigError) as err:
-        plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, None, (total - 13 * GiB, total))
+        plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, None, (total - 13 * GiB, total))
     msg = str(err.value)
     assert err.value.key == "task.max_new_tokens"
     assert "server.gpu_memory_utilization" in msg and "qwen2.5-1.5b" in msg
     assert "bfloat16" in msg and "MiB" in msg
     with pytest.raises(ConfigError) as err:
-        plan_slots(SHAPE, 6000, 1152, True, GiB, 0.9, 6000, (70 * GiB, 80 * GiB))
+        plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, 6000, (70 * GiB, 80 * GiB))
     assert err.value.key == "server.max_batch_rows" and "or null" in str(err.value)
 
 
@@ -306,19 +355,19 @@ def test_fp8_kv_cache(engine: LocalEngine, tiny_model_dir: str) -> None:
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
     sampling = Sampling(max_new_tokens=12)
     args = (ids, mask, pop, sampling)
-    ref = engine.generate_ids(*args, member=member, eos_ids=[])
-    got = fp8.generate_ids(*args, member=member, eos_ids=[])
-    assert fp8.scheduler is not None and fp8.scheduler.workspace is not None
-    cache = fp8.scheduler.workspace.cache
+    ref = generate_ids(engine, *args, member=member, eos_ids=[])
+    got = generate_ids(fp8, *args, member=member, eos_ids=[])
+    assert fp8.fast is not None and fp8.fast.scheduler.workspace is not None
+    cache = fp8.fast.scheduler.workspace.cache
     assert cache.k.dtype == cache.v.dtype == torch.float8_e4m3fn
-    assert engine.scheduler is not None and engine.scheduler.workspace is not None
-    assert engine.scheduler.workspace.cache.k.element_size() == 4 * cache.k.element_size()
+    assert engine.fast is not None and engine.fast.scheduler.workspace is not None
+    assert engine.fast.scheduler.workspace.cache.k.element_size() == 4 * cache.k.element_size()
     assert cache.k.float().abs().sum() > 0  # written through the rounding copy
     agree = (got == ref).float().mean().item()
     assert agree >= 0.5, agree  # rounding flips near-ties; the runs stay alike
     # first-token logits: the prompt's K/V are rounded to fp8, the difference is small
-    model, ws = fp8.scheduler.model, fp8.scheduler.workspace
-    full = engine.scheduler.model
+    model, ws = fp8.fast.scheduler.model, fp8.fast.scheduler.workspace
+    full = engine.fast.scheduler.model
     row = torch.tensor([0])
     pos = (mask[:1].long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = ws.cos[pos], ws.sin[pos]
@@ -333,7 +382,7 @@ def test_fp8_kv_cache(engine: LocalEngine, tiny_model_dir: str) -> None:
     sampled = Sampling(max_new_tokens=8, temperature=1.0)
     sargs = (ids, mask, pop, sampled)
     runs = [
-        fp8.generate_ids(*sargs, torch.Generator().manual_seed(5), member=member, eos_ids=[])
+        generate_ids(fp8, *sargs, torch.Generator().manual_seed(5), member=member, eos_ids=[])
         for _ in range(2)
     ]
     assert torch.equal(runs[0], runs[1])

@@ -22,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from benchmarks.harness import from_model
 from evolm.cli.export import main as export_main
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
@@ -143,12 +144,8 @@ def test_population_equals_transformers_peft_per_member(
 ) -> None:
     """Greedy completions of a 3-member population in one batch == transformers + peft with
     each member's adapter alone (members 0 and 2), on the fast and the HF paths."""
-    runner = (
-        engine
-        if fast
-        else LocalEngine.from_model(engine.model, layout, engine.tokenizer, fast=False)
-    )
-    assert runner.fast_path == fast
+    runner = engine if fast else from_model(engine.model, layout, engine.tokenizer, fast=False)
+    assert (runner.fast is not None) == fast
     prompts = [chat(engine.tokenizer, q) for q in QUESTIONS]
     pop, sampling = population(layout, 3), Sampling(max_new_tokens=NEW_TOKENS)
     ours = runner.generate(prompts, pop, sampling, seed=0)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from benchmarks.harness import from_model, with_options
 from evolm.engine import stops as stops_module
 from evolm.engine.local import LocalEngine
 from evolm.engine.sampler import prefixes, row_lengths
@@ -109,9 +110,9 @@ def test_generation_with_stops_is_the_plain_one_cut(engine: LocalEngine, path: s
     """Rows of several members, refilled slots (capped) and the HF path: the same texts as a
     plain generation cut at the first stop string, ``stopped`` where cut, fewer tokens."""
     if path == "hf":
-        eng = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+        eng = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     else:
-        eng = engine if path == "fast" else engine.with_options(max_batch_rows=4)
+        eng = engine if path == "fast" else with_options(engine, max_batch_rows=4)
     try:
         pop = population(engine.layout, 2)
         plain = eng.generate(PROMPTS, pop, Sampling(24), seed=0)
@@ -152,10 +153,10 @@ def test_without_a_byte_level_tokenizer_texts_are_still_cut(
     stop = stops_in(plain)
     want = [[cut_at_stop(t, stop)[0] for t in member] for member in plain]
     monkeypatch.setattr(stops_module, "token_bytes", lambda tokenizer, vocab: None)
-    fresh = LocalEngine.from_model(engine.model, engine.layout, engine.tokenizer)
+    fresh = from_model(engine.model, engine.layout, engine.tokenizer)
     try:
         got = fresh.generate(PROMPTS, pop, Sampling(24, stop=stop), seed=0)
-        assert fresh.stop_table(stop) is None
+        assert fresh.texts.stop_table(stop) is None
         assert [[str(t) for t in m] for m in got] == want
         ids = [c.token_ids for m in got for c in m if c.stopped]  # type: ignore[attr-defined]
         assert ids and all(cut_at_stop(engine.tokenizer.decode(i), stop)[1] for i in ids)

@@ -166,7 +166,7 @@ class LocalOptions:
 @dataclass(frozen=True)
 class Tuning:
     """Knobs of the fast path for benchmarks and tests, not config keys (the defaults are what
-    users run): passed to :meth:`LocalEngine.from_model` / :meth:`LocalEngine.with_options`.
+    users run): passed to ``benchmarks.harness.from_model`` / ``with_options``.
 
     Args:
         cuda_graphs: capture decode steps as CUDA graphs (None: on CUDA devices; False: eager,

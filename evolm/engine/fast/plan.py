@@ -1,9 +1,12 @@
 """The memory planner of continuous batching: how many rows (slots) decode at once.
 
-A slot holds one row's KV cache at full length (prompt + its token budget) plus its share of
-the decode step's activations (and, when sampling, of the logits and the sampler's fp32
-transients). The fixed part is the prefill chunk's transients, greedy's logit block and a
-margin for the CUDA graphs and the allocator. On a GPU the budget is
+All of the fast path's memory sizing is here, with ONE activation formula
+(:func:`activation_bytes`: the transients of one token of a forward, a prompt token in a prefill
+or a row in a decode step). A slot holds one row's KV cache at full length (prompt + its token
+budget) plus one token's activations (and, when sampling, its logits and the sampler's fp32
+transients). The fixed part is the prefill chunk's transients (:func:`prefill_tokens` tokens of
+the base model's activations), greedy's logit block and a margin for the CUDA graphs and the
+allocator. On a GPU the budget is
 ``gpu_memory_utilization x total`` minus what is already in use (the weights, the adapter
 buffers, other processes), measured once the model and adapters are resident::
 
@@ -15,7 +18,7 @@ that fix it and the numbers, instead of a CUDA out-of-memory error halfway throu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +26,9 @@ from evolm.engine.fast.workspace import GREEDY_ROWS, MiB
 from evolm.errors import ConfigError
 
 GiB = 2**30
+MIN_PREFILL_BYTES = 256 * MiB  # prefill transients: at least this, or ...
+PREFILL_SHARE = 0.04  # ... this share of the device memory
+SLOT_STATE_BYTES = 64  # a slot's own state (lens, start, member, ...: eight longs)
 MARGIN = 512 * MiB  # CUDA graphs' own memory, allocator fragmentation, cuBLAS workspaces
 SAMPLER_BYTES = 24  # per vocabulary entry and row when sampling: fp32 probs, sort, cumsum
 
@@ -67,17 +73,39 @@ class Shape:
     kv_itemsize: int = 0  # bytes per KV-cache element (0: ``itemsize``; 1: an fp8 cache)
 
 
+def activation_bytes(shape: Shape) -> int:
+    """The one activation formula: bytes of one token's transients in a forward (a prompt token
+    of a prefill chunk, or a row of a decode step). Three live copies of the widest tensors of a
+    layer (the MLP's gate/up and its down input, the residual stream and norms, q/k/v), plus
+    two of the rank columns that the base GEMMs produce for the adapters."""
+    kv_out = shape.kv_heads * shape.head_dim
+    width = 3 * (2 * shape.inter + 4 * shape.hidden + shape.q_out + 2 * kv_out)
+    return (width + 2 * shape.lora_cols) * shape.itemsize
+
+
+def prefill_tokens(shape: Shape, total: int, tokens: int | None = None) -> int:
+    """Tokens per prefill chunk: ``tokens`` where set (a benchmark's knob), else as many as
+    ``max(MIN_PREFILL_BYTES, PREFILL_SHARE x total)`` bytes hold of the base model's
+    activations (``total``: the device's memory, 0 on CPUs); the chunk's rank columns ride in
+    the margin, so the chunks do not depend on the adapters."""
+    if tokens is not None:
+        return tokens
+    limit = max(MIN_PREFILL_BYTES, int(PREFILL_SHARE * total))
+    return max(1, limit // activation_bytes(replace(shape, lora_cols=0)))
+
+
 def plan_slots(
     shape: Shape,
     rows: int,
     positions: int,
     greedy: bool,
-    prefill_bytes: int,
+    chunk_tokens: int,
     utilization: float,
     max_rows: int | None,
     memory: tuple[int, int] | None,
 ) -> SlotPlan:
-    """Slots for ``rows`` rows of ``positions`` cache positions each.
+    """Slots for ``rows`` rows of ``positions`` cache positions each, beside a prefill chunk of
+    ``chunk_tokens`` tokens (:func:`prefill_tokens`).
 
     ``memory``: ``(available, total)`` device bytes, ``available`` counting memory the caching
     allocator holds but does not use (None: a CPU, no budget: every row, capped by
@@ -85,12 +113,12 @@ def plan_slots(
     cap = rows if max_rows is None else min(rows, max_rows)
     kv_item = shape.kv_itemsize or shape.itemsize
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * kv_item
-    acts = (3 * shape.inter + 6 * shape.hidden + 2 * shape.q_out + shape.lora_cols) * 2
-    per_slot = kv + acts * shape.itemsize + 64
+    per_slot = kv + activation_bytes(shape) + SLOT_STATE_BYTES
     if not greedy:
         per_slot += shape.vocab * (shape.itemsize + SAMPLER_BYTES)
     greedy_block = min(cap, GREEDY_ROWS) * shape.vocab * shape.itemsize if greedy else 0
-    fixed = prefill_bytes + greedy_block + MARGIN
+    prefill = chunk_tokens * activation_bytes(replace(shape, lora_cols=0))
+    fixed = prefill + greedy_block + MARGIN
     if memory is None:
         return SlotPlan(cap, positions, per_slot, fixed, 0, 0)
     available, total = memory
@@ -120,6 +148,13 @@ def plan_slots(
             f"set server.max_batch_rows <= {fit}, or null to use as many as fit",
         )
     return SlotPlan(min(cap, fit), positions, per_slot, fixed, budget, total)
+
+
+def total_memory(device: torch.device) -> int:
+    """The device's memory in bytes (0 on CPUs: no device budget)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).total_memory
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:

@@ -34,12 +34,39 @@ def member_runs(members: list[int], length: int) -> tuple[tuple[int, int, int], 
     return tuple(runs)
 
 
+class Forced:
+    """Teacher forcing (checks against a reference): the runner feeds row ``i`` the tokens
+    ``tokens[i]`` instead of choosing them, and keeps the logits it saw before each of them and
+    after the last (:meth:`logits`: ``[rows, T + 1, vocab]``)."""
+
+    def __init__(self, tokens: Tensor) -> None:
+        rows, self.steps = tokens.shape
+        self.tokens = torch.cat([tokens, tokens.new_zeros(rows, 1)], dim=1)  # then any token
+        self._seen: Tensor | None = None  # one dump row at the end (finished rows, scratch)
+
+    def choose(self, logits: Tensor, row: Tensor, gen: Tensor, live: Tensor | None) -> Tensor:
+        """The tokens fed to rows ``row`` after their ``gen`` tokens; ``logits`` kept
+        (``live`` False: a finished row's, dropped)."""
+        rows = self.tokens.shape[0]
+        if self._seen is None:
+            shape = (rows + 1, self.steps + 1, logits.shape[-1])
+            self._seen = logits.new_empty(shape)
+        at = row if live is None else torch.where(live, row, rows)
+        self._seen[at, gen.clamp(max=self.steps)] = logits
+        return self.tokens[row.clamp(max=rows - 1), gen.clamp(max=self.steps)]
+
+    def logits(self) -> Tensor:
+        assert self._seen is not None, "nothing ran"
+        return self._seen[:-1]
+
+
 @dataclass(frozen=True)
 class Rows:
     """The rows of one generation, as the scheduler hands them to the runner: left-padded
     ``ids`` / ``mask`` on the device, each row's member and token budget, the decoding settings,
-    ``out``: ``widest`` new tokens per row, row-major, plus one dump cell at the end, and
-    ``stops``: the stop strings' automaton (None: no stop strings)."""
+    ``out``: ``widest`` new tokens per row, row-major, plus one dump cell at the end,
+    ``stops``: the stop strings' automaton (None: no stop strings), and ``forced``: tokens fed
+    instead of chosen (None: sampled or greedy)."""
 
     ids: Tensor
     mask: Tensor
@@ -51,6 +78,14 @@ class Rows:
     widest: int
     generator: torch.Generator | None
     stops: StopTable | None = None
+    forced: Forced | None = None
+
+    def choose(self, logits: Tensor, row: Tensor, gen: Tensor, live: Tensor | None) -> Tensor:
+        """The next tokens of rows ``row`` (``gen`` tokens generated; ``live``: still running)
+        after ``logits``: drawn by the sampler, or the forced ones."""
+        if self.forced is None:
+            return next_token(logits, self.sampling, self.generator)
+        return self.forced.choose(logits, row, gen, live)
 
 
 class ModelRunner:
@@ -115,7 +150,7 @@ class ModelRunner:
         for lo in range(0, len(chosen), chunk):
             r, s = rows_t[lo : lo + chunk], slots_t[lo : lo + chunk]
             logits = self.prefill_chunk(ws, rows.ids, rows.mask, r, s, rows.members, lora)
-            first = next_token(logits, rows.sampling, rows.generator)
+            first = rows.choose(logits, r, torch.zeros_like(r), None)
             ws.budget[s] = rows.budgets[r]
             ws.tok[s] = first
             ws.gen[s] = 1
@@ -155,12 +190,9 @@ class ModelRunner:
         greedy = rows.sampling.temperature == 0
         sel, out, widest = ws.sel[:batch], rows.out, rows.widest
         self.forward(ws, batch, lora, greedy)
-        if greedy:
-            nxt = ws.next[:batch]
-        else:
-            nxt = next_token(ws.logits[:batch], rows.sampling, rows.generator)
         live = ~ws.done[sel]
         gen = ws.gen[sel]
+        nxt = ws.next[:batch] if greedy else rows.choose(ws.logits[:batch], ws.row[sel], gen, live)
         dump = out.shape[0] - 1
         at = torch.where(live, ws.row[sel] * widest + gen.clamp(max=widest - 1), dump)
         out[at] = torch.where(live, nxt, out[dump])

@@ -34,15 +34,16 @@ from torch import Tensor
 from evolm.engine.fast.cudagraph import PhaseTimer
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel
-from evolm.engine.fast.plan import Shape, SlotPlan, device_memory, plan_slots
-from evolm.engine.fast.runner import ModelRunner, Rows
-from evolm.engine.fast.workspace import (
-    CHECK_EVERY,
-    MIN_PREFILL_BYTES,
-    PREFILL_SHARE,
-    Workspace,
-    graph_key,
+from evolm.engine.fast.plan import (
+    Shape,
+    SlotPlan,
+    device_memory,
+    plan_slots,
+    prefill_tokens,
+    total_memory,
 )
+from evolm.engine.fast.runner import Forced, ModelRunner, Rows
+from evolm.engine.fast.workspace import CHECK_EVERY, Workspace, graph_key
 from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
 
@@ -152,19 +153,9 @@ class Scheduler:
         self.workspace = self.plan = None
 
     # -- planning ------------------------------------------------------------------------
-    def _per_token(self) -> int:
-        m = self.model
-        return (2 * m.inter + 4 * m.hidden + m.q_out + 2 * m.kv_out) * 3 * m.embed.element_size()
-
-    def _prefill_budget(self) -> int:
-        """Tokens per prefill chunk."""
-        if self.prefill_tokens is not None:
-            return self.prefill_tokens
-        total = 0
-        if self.device.type == "cuda":
-            total = torch.cuda.get_device_properties(self.device).total_memory
-        limit = max(MIN_PREFILL_BYTES, int(PREFILL_SHARE * total))
-        return max(1, limit // self._per_token())
+    def _chunk_tokens(self) -> int:
+        """Tokens per prefill chunk (:func:`~.plan.prefill_tokens`)."""
+        return prefill_tokens(self.shape(None), total_memory(self.device), self.prefill_tokens)
 
     def shape(self, lora: FastLora | None) -> Shape:
         m = self.model
@@ -204,13 +195,12 @@ class Scheduler:
         self.reset()
         if self.device.type == "cuda":  # the old cache's blocks back to the device, measured free
             torch.cuda.empty_cache()
-        prefill = self._prefill_budget() * self._per_token()
         plan = plan_slots(
             self.shape(lora),
             rows,
             positions,
             greedy,
-            prefill,
+            self._chunk_tokens(),
             self.utilization,
             self.max_rows,
             device_memory(self.device),
@@ -242,11 +232,12 @@ class Scheduler:
         pad_id: int,
         generator: torch.Generator | None = None,
         stops: StopTable | None = None,
+        forced: Forced | None = None,
     ) -> Tensor:
         """New tokens ``[rows, max(budgets)]`` for left-padded rows ``input_ids [rows, L]``;
         row ``i`` is member ``member[i]`` of ``lora`` (None: the base model) and stops after
         ``budgets[i]`` tokens, an EOS or the token that completes a stop string of ``stops``
-        (then ``pad_id``)."""
+        (then ``pad_id``). ``forced``: tokens fed instead of chosen (:meth:`forced_logits`)."""
         timer = PhaseTimer(self.device)
         rows, length = input_ids.shape
         if len(budgets) != rows or min(budgets) < 1:
@@ -269,8 +260,9 @@ class Scheduler:
             widest=widest,
             generator=generator,
             stops=stops,
+            forced=forced,
         )
-        chunk = max(1, self._prefill_budget() // length)
+        chunk = max(1, self._chunk_tokens() // length)
         order = sorted(range(rows), key=lambda r: -budgets[r])
         queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
         active: list[int] = []
@@ -307,35 +299,19 @@ class Scheduler:
         self.last_timings = stats.timings()
         return batch_rows.out[:-1].view(rows, widest)
 
-    @torch.inference_mode()
     def forced_logits(
         self, input_ids: Tensor, attention_mask: Tensor, lora: FastLora | None, forced: Tensor
     ) -> Tensor:
         """Logits ``[rows, T + 1, vocab]`` after the prompt and after each of the ``T`` tokens
-        of ``forced [rows, T]`` fed through the decode step (checks against a reference). Rows
-        are member-major: ``lora.members`` equal groups (None: the base model); every row needs
-        a slot of its own."""
-        rows, length = input_ids.shape
-        steps = forced.shape[1]
-        ws = self.prepare(rows, length + steps + 1, False, lora)
-        if ws.slots < rows:
-            raise ValueError(f"{rows} rows need as many slots, the plan has {ws.slots}")
-        dev = self.device
-        per = rows // (1 if lora is None else lora.members)
-        members = torch.arange(rows, device=dev) // per
-        ids, mask = input_ids.to(dev), attention_mask.to(dev).bool()
-        chunk = max(1, self._prefill_budget() // length)
-        firsts = []
-        for lo in range(0, rows, chunk):
-            r = torch.arange(lo, min(rows, lo + chunk), device=dev)
-            firsts.append(self.runner.prefill_chunk(ws, ids, mask, r, r, members, lora))
-        out = [torch.cat(firsts)]
-        ws.set_batch(list(range(rows)))
-        batch = rows
-        sel = ws.sel[:batch]
-        for t in range(steps):
-            ws.tok[sel] = forced[:, t].to(dev)
-            self.runner.forward(ws, batch, lora, greedy=False)
-            out.append(ws.logits[:rows].clone())
-            ws.lens[sel] += 1
-        return torch.stack(out, dim=1)
+        of ``forced [rows, T]`` fed through the decode step (checks against a reference): one
+        :meth:`run` that feeds the tokens instead of choosing them. Rows are member-major:
+        ``lora.members`` equal groups (None: the base model)."""
+        rows, steps = input_ids.shape[0], forced.shape[1]
+        member = None if lora is None else torch.arange(rows) // (rows // lora.members)
+        teacher = Forced(forced.to(self.device))
+        sampling = Sampling(temperature=1.0, max_new_tokens=steps + 1)  # logits, no greedy block
+        budgets = [steps + 1] * rows
+        self.run(
+            input_ids, attention_mask, member, lora, budgets, sampling, [], 0, None, None, teacher
+        )
+        return teacher.logits()

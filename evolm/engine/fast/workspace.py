@@ -1,4 +1,5 @@
-"""The static buffers of the fast path's generation, and the one set of sizing constants.
+"""The static buffers of the fast path's generation and their shape constants (how many bytes
+they may take: :mod:`.plan`).
 
 A :class:`Workspace` holds a fixed set of *slots*. Each slot holds one row's KV cache
 (``[layers, slots + 1, kv_heads, T, head_dim]``; the extra slot is scratch for the padding rows
@@ -15,14 +16,14 @@ workspace (and its graphs) must be rebuilt: a replaced LM-head weight or bias, o
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from torch import Tensor
 
 from evolm.engine.fast.model import FastModel
 
 MiB = 2**20
-MIN_PREFILL_BYTES = 256 * MiB  # prefill transients: at least this, or ...
-PREFILL_SHARE = 0.04  # ... this share of the device memory
 GREEDY_ROWS = 1024  # rows per greedy LM-head block (H100, 1.5B shape: 1.31 ms vs 1.78 at 256)
 BUCKETS = 16  # graphs per (adapters, greedy): eighths padded the fp8 cache's 4,074 slots 6.8%
 CHECK_EVERY = 8  # decode steps between host syncs (finished rows are retired then)
@@ -67,27 +68,20 @@ class Workspace:
         self.next = torch.zeros(slots, dtype=torch.long, device=dev)
         self.vocab, self.dtype = model.lm_head.weight.shape[0], model.embed.dtype
         self.greedy_rows = min(slots, GREEDY_ROWS)
-        self._scratch: Tensor | None = None
-        self._logits: Tensor | None = None
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, object]] = {}
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self.key = graph_key(model)
 
-    @property
+    @cached_property
     def scratch(self) -> Tensor:
-        """``[greedy_rows, vocab]``: greedy's logits, a block of rows at a time."""
-        if self._scratch is None:
-            shape = (self.greedy_rows, self.vocab)
-            self._scratch = torch.empty(shape, dtype=self.dtype, device=self.device)
-        return self._scratch
+        """``[greedy_rows, vocab]``: greedy's logits, a block of rows at a time (allocated at
+        first use)."""
+        return torch.empty((self.greedy_rows, self.vocab), dtype=self.dtype, device=self.device)
 
-    @property
+    @cached_property
     def logits(self) -> Tensor:
         """``[slots, vocab]`` logits for sampling (allocated at first use; greedy needs none)."""
-        if self._logits is None:
-            shape = (self.slots, self.vocab)
-            self._logits = torch.empty(shape, dtype=self.dtype, device=self.device)
-        return self._logits
+        return torch.empty((self.slots, self.vocab), dtype=self.dtype, device=self.device)
 
     def set_batch(self, active: list[int]) -> int:
         """Batch rows ``0..len(active)`` -> the active slots; the rest of the bucket (its size,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,17 @@ class Scored:
     prompt: list[int]
     completion: list[int]
     steps: int
+
+
+def scored(tokenizer: Any, prompt: str, completion: str) -> Scored:
+    """A completion's ids as generated (a plain string: tokenized), plus the EOS step unless it
+    was cut at the budget or a stop string (then no EOS was generated)."""
+    ids = getattr(completion, "token_ids", None)
+    if ids is None:
+        ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    ended = not (getattr(completion, "truncated", None) or getattr(completion, "stopped", None))
+    prompt_ids = list(tokenizer(prompt)["input_ids"])
+    return Scored(prompt_ids, list(ids), len(ids) + ended)
 
 
 def _batch(rows: Sequence[Scored], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -70,6 +70,19 @@ def _lora_args(
     return u, bt, u.stride(0), lora.u_member_stride, bt.stride(0), bt.stride(1), bt.shape[1], offs
 
 
+def _tiling(
+    lora: LoraOperand | None, rows: int, per_row: bool, has_tiles: bool, tune: dict[str, int]
+) -> tuple[int, int]:
+    """``(rows per member, Bt rows per tile)`` of a fused kernel's LoRA over ``rows`` rows:
+    member-major rows take blocks of a member's rows; rows of any members (``per_row``) take
+    one pass per member among a tile's rows."""
+    rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
+    bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
+    if per_row:  # any rows: a tile takes one pass per member among its rows
+        bt_rows = TILE_ROWS if has_tiles else tune["rows"]
+    return rpm, bt_rows
+
+
 def _member(lora: LoraOperand | None, like: Tensor) -> tuple[Tensor, bool, Tensor, bool]:
     """Each row's member ids (continuous batching) and whether there are any; the tiles' one
     member (``TILE_ROWS``-row tiles) and whether they are known."""
@@ -239,11 +252,8 @@ def silu_mul(gate_up: Tensor, lora: LoraOperand | None = None) -> Tensor:
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     has = lora is not None
     mem, per_row, tiles, has_tiles = _member(lora, gate_up)
-    rpm = rows // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["silu"]
-    bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
-    if per_row:  # any rows: a tile takes one pass per member among its rows
-        bt_rows = TILE_ROWS if has_tiles else tune["rows"]
+    rpm, bt_rows = _tiling(lora, rows, per_row, has_tiles, tune)
     elems = tune["few_elems"] if rows <= tune["few"] else tune["elems"]
     block = elems // bt_rows if lora is not None else 8192 // bt_rows
     up_, bt, su, su_m, sb_m, sb_c, rank, offs = _lora_args(lora, gate_up)
@@ -384,11 +394,8 @@ def qkv_rope(
     ct, st = cos.reshape(-1, hd), sin.reshape(-1, hd)
     out = torch.empty(n, heads, hd, dtype=qkv.dtype, device=qkv.device)
     mem, per_row, tiles, has_tiles = _member(lora, qkv)
-    rpm = n // lora.bt.shape[0] if lora is not None and not per_row else 1
     tune = TUNE["rope"]
-    bt_rows = min(tune["rows"], row_block(rpm)) if lora is not None else 16
-    if per_row:  # any rows: a tile takes one pass per member among its rows
-        bt_rows = TILE_ROWS if has_tiles else tune["rows"]
+    rpm, bt_rows = _tiling(lora, n, per_row, has_tiles, tune)
     crow = cpos = out
     if cache is not None and len(cache) == 4:
         kc, vc, crow, cpos = cache

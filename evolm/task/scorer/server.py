@@ -57,6 +57,14 @@ class Scorer(Protocol):
         ...
 
 
+def by_words(
+    completions: Sequence[str], rule: Callable[[str, list[str]], tuple[float, float]]
+) -> tuple[list[float], list[float]]:
+    """``(rewards, costs)``: ``rule(text, its lower-cased words)`` of each completion."""
+    pairs = [rule(text, _WORD.findall(text.lower())) for text in completions]
+    return [r for r, _ in pairs], [c for _, c in pairs]
+
+
 class LengthRule:
     """``--rule length``: reward the share of distinct words, cost the length.
 
@@ -68,12 +76,10 @@ class LengthRule:
     def score(
         self, prompts: Sequence[str], completions: Sequence[str]
     ) -> tuple[list[float], list[float]]:
-        rewards, costs = [], []
-        for text in completions:
-            words = _WORD.findall(text.lower())
-            rewards.append(len(set(words)) / len(words) if words else 0.0)
-            costs.append(len(text) / 100)
-        return rewards, costs
+        return by_words(
+            completions,
+            lambda text, words: (len(set(words)) / len(words) if words else 0.0, len(text) / 100),
+        )
 
 
 class KeywordRule:
@@ -89,12 +95,13 @@ class KeywordRule:
     def score(
         self, prompts: Sequence[str], completions: Sequence[str]
     ) -> tuple[list[float], list[float]]:
-        rewards, costs = [], []
-        for text in completions:
-            words = _WORD.findall(text.lower())
-            rewards.append(float(sum(w in self.POLITE for w in words)))
-            costs.append(float(sum(w in self.UNSAFE for w in words)))
-        return rewards, costs
+        return by_words(
+            completions,
+            lambda text, words: (
+                float(sum(w in self.POLITE for w in words)),
+                float(sum(w in self.UNSAFE for w in words)),
+            ),
+        )
 
 
 RULES: dict[str, type] = {"length": LengthRule, "keywords": KeywordRule}

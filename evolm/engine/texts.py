@@ -1,0 +1,91 @@
+"""Token ids <-> texts for the local engine, shared by both of its paths: the model's EOS and pad
+ids, completions from new tokens (cut at the EOS and the stop strings) and the stop strings'
+device automata (:mod:`evolm.engine.stops`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from evolm.engine.base import Completion
+from evolm.engine.sampler import prefixes, row_lengths
+from evolm.engine.stops import StopTable, stop_table
+from evolm.sampling import cut_at_stop
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class Texts:
+    """The tokenizer's side of a loaded model (``tokenizer`` None: token ids only, no texts).
+
+    ``eos_ids``: the generation config's EOS ids and the tokenizer's; ``pad_id``: the tokenizer's
+    pad id, else the first EOS id."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> None:
+        self.tokenizer = tokenizer
+        self.device = model.device
+        self.vocab = model.get_output_embeddings().weight.shape[0]
+        eos = model.generation_config.eos_token_id
+        eos_ids = {*([eos] if isinstance(eos, int) else list(eos or []))}
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = sorted(eos_ids)
+        pad = None if tokenizer is None else tokenizer.pad_token_id
+        self.pad_id: int = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self._special_ids = set() if tokenizer is None else set(tokenizer.all_special_ids)
+        self._stop_tables: dict[tuple[str, ...], StopTable | None] = {}
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ``(input_ids, attention_mask)`` of ``prompts``."""
+        assert self.tokenizer is not None, "texts need a tokenizer"
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        return enc["input_ids"], enc["attention_mask"]
+
+    def completions(self, tokens: torch.Tensor, stop: tuple[str, ...] = ()) -> list[str]:
+        """The texts of new tokens ``[rows, steps]`` (each row up to its first EOS, then cut
+        after its first stop string: :func:`~evolm.sampling.cut_at_stop`), as
+        :class:`Completion` s: a row without an EOS or stop string ran out of budget
+        (truncated)."""
+        assert self.tokenizer is not None, "texts need a tokenizer"
+        ends, bodies = row_lengths(tokens, self.eos_ids, self.pad_id)
+        special = self.pad_id in self._special_ids  # trailing pads decode to nothing
+        heads = prefixes(tokens, bodies if special else ends)
+        texts = self.tokenizer.batch_decode(heads, skip_special_tokens=True)
+        steps = tokens.shape[1]
+        exact = self.stop_table(stop) is not None  # rows ended at the stop: nothing to search
+        out: list[str] = []
+        for row, (text, ids) in enumerate(zip(texts, heads, strict=True)):
+            cut, stopped = cut_at_stop(text, stop)
+            if stopped:  # after the stop, the row holds pad ids
+                ids = ids[: bodies[row]]
+                ids = ids if exact else self._stop_prefix(ids, stop)
+            elif len(ids) < ends[row]:  # pads the model wrote itself: they are its tokens
+                ids = tokens[row, : ends[row]].tolist()
+            truncated = not stopped and len(ids) == steps
+            out.append(Completion(cut, truncated=truncated, token_ids=ids, stopped=stopped))
+        return out
+
+    def _stop_prefix(self, ids: list[int], stop: tuple[str, ...]) -> list[int]:
+        """The shortest prefix of ``ids`` (a row that ran on past its stop string, without its
+        trailing pads) whose text holds a stop string: the tokens that were generated, found by
+        bisection (a decode per step)."""
+        assert self.tokenizer is not None
+        lo, hi = 1, len(ids)  # the shortest prefix length with a stop string is in [lo, hi]
+        if cut_at_stop(self.tokenizer.decode(ids[:-1], skip_special_tokens=True), stop)[1]:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                text = self.tokenizer.decode(ids[:mid], skip_special_tokens=True)
+                lo, hi = (lo, mid) if cut_at_stop(text, stop)[1] else (mid + 1, hi)
+        return ids[:hi]
+
+    def stop_table(self, stop: tuple[str, ...]) -> StopTable | None:
+        """The device automaton of the stop strings ``stop`` (:mod:`evolm.engine.stops`), built
+        once per set of strings; None without stop strings or a byte-level tokenizer."""
+        if stop not in self._stop_tables:
+            table = None
+            if self.tokenizer is not None:
+                table = stop_table(self.tokenizer, self.vocab, stop, self.device)
+            self._stop_tables[stop] = table
+        return self._stop_tables[stop]
