@@ -47,7 +47,7 @@ WHAT = {
 def job(cfg: DictConfig) -> float | list[float]:
     """One Hydra job: a training run (a sweep's trial too)."""
     from evolm.app import train
-    from evolm.engine.pool import in_multirun
+    from evolm.app.pool import in_multirun
 
     what = "run directory (resumed):" if cfg.resume is not None else "run directory:"
     log.info("%s %s", what, cfg.output_dir)  # first: a run logging to a file says where it is

@@ -170,7 +170,7 @@ CONFIG_READERS = (
     "evolm.preflight.trust",  # the _target_s a config may name
     "evolm.cli.rundir",  # a Hydra callback: the run directory
     "evolm.sweep",  # Hydra callbacks and resolvers of sweeps
-    "evolm.engine.pool",  # asks Hydra whether the job is one of a multirun (engines shared)
+    "evolm.app.pool",  # asks Hydra whether the job is one of a multirun (engines shared)
 )
 
 
@@ -193,13 +193,22 @@ def test_only_the_composition_root_reads_the_config(graph: grimp.ImportGraph) ->
 
 def test_nothing_points_up(graph: grimp.ImportGraph) -> None:
     """The composition root is imported by the CLI alone, the loop by the root's run alone,
-    evaluate by the loop alone."""
+    evaluate by the loop alone; the engine pool beside the root (one engine per process) by
+    the root, the CLI and the sweep's report of it."""
+    pool = "evolm.app.pool"
     importers = {
         name: {
-            m for part in within(graph, name) for m in graph.find_modules_that_directly_import(part)
+            m
+            for part in within(graph, name) - {pool}
+            for m in graph.find_modules_that_directly_import(part)
         }
         - within(graph, name)
         for name in ("evolm.app", "evolm.loop", "evolm.evaluate", "evolm.sweep")
+    }
+    assert graph.find_modules_that_directly_import(pool) == {
+        "evolm.app.run",
+        "evolm.__main__",
+        "evolm.sweep.callback",
     }
     assert importers == {
         "evolm.app": {"evolm.__main__"},

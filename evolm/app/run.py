@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from evolm import dist
+from evolm.app import pool
 from evolm.app.build import (
     Builder,
     Parts,
@@ -27,7 +28,6 @@ from evolm.app.modes import Mode, make_mode
 from evolm.app.resume import data_files, restore, resumed_config
 from evolm.callbacks import Callback, RunContext
 from evolm.checkpoint import Checkpoint, check_shapes, run_identity
-from evolm.engine import pool
 from evolm.errors import ConfigError
 from evolm.es import ESState
 from evolm.loop import ESLoop
@@ -52,7 +52,7 @@ def train(cfg: DictConfig) -> float | list[float]:
     if job.checkpoint is not None:
         check_shapes(job.checkpoint, mode.mean_shapes())
     scales = noise_scales(parts.lora_spec, mode.model_path, layout)
-    engine = pool.open_engine(  # a multirun's trials share one engine (evolm.engine.pool)
+    engine = pool.open_engine(  # a multirun's trials share one engine (evolm.app.pool)
         mode.model_path,
         OmegaConf.to_container(cfg.server, resolve=True),  # type: ignore[arg-type]
         layout,

@@ -11,7 +11,7 @@
 - :mod:`evolm.engine.sampler`: token choice, shared by both paths;
 - :mod:`evolm.engine.kernels`: the fast path's Triton kernels (the only package that needs
   ``triton``);
-- :mod:`evolm.engine.pool`: one persistent engine per process (a sweep's trials share it).
+- :mod:`evolm.app.pool`: one persistent engine per process (a sweep's trials share it).
 
 Clients of persistent servers (SGLang, vLLM) live in :mod:`evolm.server`.
 """

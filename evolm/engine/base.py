@@ -145,7 +145,7 @@ class Engine(Protocol):
 
     def use_layout(self, layout: LoraLayout) -> None:
         """Serve adapters of ``layout`` from now on (a sweep trial reusing this engine with
-        another rank or targets; see :mod:`evolm.engine.pool`). Raise a ConfigError naming the
+        another rank or targets; see :mod:`evolm.app.pool`). Raise a ConfigError naming the
         ``server`` key to change when the engine cannot."""
         self.layout = layout
 

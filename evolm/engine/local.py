@@ -177,7 +177,7 @@ class LocalEngine(Engine):
 
     def use_layout(self, layout: LoraLayout) -> None:
         """Serve adapters of ``layout`` from now on, on the loaded model (a sweep trial with
-        another rank or targets; see :mod:`evolm.engine.pool`)."""
+        another rank or targets; see :mod:`evolm.app.pool`)."""
         self.layout, self.layers = layout, attach(self.model, layout)
         self.backend.use_layout(layout, self.layers)
 

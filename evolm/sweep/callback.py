@@ -213,8 +213,8 @@ class SweepCallback(Callback):
         self._update(config, pending=done)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from evolm.app.pool import POOL
         from evolm.engine.local import LocalEngine
-        from evolm.engine.pool import POOL
 
         log.info(
             "engine pool: %d engine(s) started, reused by %d trial(s); LocalEngine.loads=%d",
