@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from evolm.engine import pool
+from evolm.app import pool
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf, read_write
 from optuna.trial import TrialState
 
-from evolm.engine import pool
+from evolm.app import pool
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
