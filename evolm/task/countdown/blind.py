@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from evolm.task.countdown.reward import TOLERANCE
+from evolm.task.countdown.shortcuts import placed
 
 __all__ = ["BlindRates", "form_tokens"]
 
@@ -41,21 +42,17 @@ _OPS = frozenset("+-*/()")
 
 def form_tokens(tokens: Sequence[str], numbers: Sequence[int]) -> tuple[str, ...] | None:
     """``tokens`` (an answer's, :func:`~evolm.task.countdown.reward.parse_answer`) with each
-    number replaced by ``#i``, ``i`` its place in ``numbers`` (the first unused place holding
-    that value); ``None`` unless every number of ``numbers`` is used exactly once."""
-    free = list(range(len(numbers)))
-    out: list[str] = []
-    for tok in tokens:
-        if tok.isdigit():
-            place = next((i for i in free if numbers[i] == int(tok)), None)
-            if place is None:
-                return None
-            free.remove(place)
-            tok = f"#{place}"
-        elif tok not in _OPS:
-            return None
-        out.append(tok)
-    return None if free else tuple(out)
+    number replaced by ``#i``, ``i`` its place in ``numbers``
+    (:func:`~evolm.task.countdown.shortcuts.placed`); ``None`` unless every number of
+    ``numbers`` is used exactly once and every other token is an operator or a parenthesis (the
+    form becomes code in :func:`_evaluate`)."""
+    marked = placed(tokens, numbers)
+    places = [tok for tok in marked if isinstance(tok, int)]
+    if sorted(places) != list(range(len(numbers))):
+        return None
+    if any(tok not in _OPS for tok in marked if isinstance(tok, str)):
+        return None
+    return tuple(tok if isinstance(tok, str) else f"#{tok}" for tok in marked)
 
 
 class BlindRates:

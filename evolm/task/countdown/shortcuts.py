@@ -58,6 +58,7 @@ __all__ = [
     "classify",
     "completion_shape",
     "form_code",
+    "placed",
     "ranked_patterns",
     "solving_patterns",
 ]
@@ -166,21 +167,33 @@ def answer_shape(answer: str, numbers: Sequence[int]) -> AnswerShape | None:
     return AnswerShape(_form(tokens, numbers), _is_template(tokens, value, numbers), tuple(tokens))
 
 
-def _form(tokens: Sequence[str], numbers: Sequence[int]) -> str:
-    """``tokens`` with each number replaced by the letter of its place in ``numbers`` (the first
-    unused place holding that value; ``#``: a number the puzzle does not give)."""
+def placed(tokens: Sequence[str], numbers: Sequence[int]) -> list[str | int]:
+    """``tokens`` with each number replaced by its place in ``numbers`` (the first unused place
+    holding that value; ``-1``: a number the puzzle does not give, or gives fewer times)."""
     free = list(range(len(numbers)))
-    out = []
+    out: list[str | int] = []
     for tok in tokens:
         if tok.isdigit():
-            place = next((i for i in free if numbers[i] == int(tok)), None)
-            if place is None:
-                tok = "#"
-            else:
+            place = next((i for i in free if numbers[i] == int(tok)), -1)
+            if place >= 0:
                 free.remove(place)
-                tok = _LETTERS[place] if place < len(_LETTERS) else f"x{place}"
-        out.append(tok)
+            out.append(place)
+        else:
+            out.append(tok)
+    return out
+
+
+def _form(tokens: Sequence[str], numbers: Sequence[int]) -> str:
+    """``tokens`` with each number replaced by the letter of its place in ``numbers``
+    (:func:`placed`; ``#``: a number the puzzle does not give)."""
+    out = [tok if isinstance(tok, str) else _letter(tok) for tok in placed(tokens, numbers)]
     return " ".join(out).replace("( ", "(").replace(" )", ")")
+
+
+def _letter(place: int) -> str:
+    if place < 0:
+        return "#"
+    return _LETTERS[place] if place < len(_LETTERS) else f"x{place}"
 
 
 def _is_template(tokens: Sequence[str], value: Fraction, numbers: Sequence[int]) -> bool:
