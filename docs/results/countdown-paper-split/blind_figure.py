@@ -6,21 +6,17 @@ written without reading the target (:mod:`evolm.task.countdown.blind`).
 
 from __future__ import annotations
 
-import json
-import lzma
-import re
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from sign_choice import read
 
 from evolm.task.countdown.blind import BlindRates
-from evolm.task.countdown.reward import extract_answer, parse_answer, parse_target
+from evolm.task.countdown.reward import extract_answer, parse_answer
 
-PUZZLE = re.compile(
-    r"Using the numbers \[([\d ]+)\], create an equation that equals (-?\d+(?:\.\d+)?)"
-)
 RUNS = {
     "cd0 (LoRA)": [
         (0, "session-2/cd0-gen000-answers.jsonl.xz"),
@@ -32,21 +28,14 @@ RUNS = {
 
 
 def accuracy_and_blind(path: str) -> tuple[float, float]:
-    with lzma.open(path, "rt") as f:
-        rows = [json.loads(line) for line in f]
-    puzzles = []
-    for row in rows:
-        found = PUZZLE.search(row["prompt"])
-        assert found is not None, row["prompt"]
-        numbers = [int(x) for x in found.group(1).split()]
-        puzzles.append((numbers, parse_target(found.group(2))))
-    blind = BlindRates(puzzles)
+    answers = read(Path(path))
+    blind = BlindRates([(numbers, target) for numbers, target, _ in answers])
     rates = []
-    for (numbers, _), row in zip(puzzles, rows, strict=True):
+    for numbers, _, row in answers:
         answer = extract_answer(row["completion"])
         parsed = None if answer is None else parse_answer(answer)
         rates.append(blind.of_answer(None if parsed is None else parsed[0], numbers))
-    accuracy = sum(row["scores"]["accuracy"] > 0 for row in rows) / len(rows)
+    accuracy = sum(row["scores"]["accuracy"] > 0 for _, _, row in answers) / len(answers)
     return accuracy, sum(rates) / len(rates)
 
 

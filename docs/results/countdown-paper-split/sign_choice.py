@@ -36,10 +36,17 @@ PUZZLE = re.compile(
 )
 
 
-def read(path: Path) -> list[dict]:
+def read(path: Path) -> list[tuple[list[int], float, dict]]:
+    """Each saved answer with its puzzle: ``(numbers, target, row)``."""
     opener = lzma.open if path.suffix == ".xz" else open
     with opener(path, "rt") as f:
-        return [json.loads(line) for line in f]
+        rows = [json.loads(line) for line in f]
+    out = []
+    for row in rows:
+        found = PUZZLE.search(row["prompt"])
+        assert found is not None, row["prompt"]
+        out.append(([int(x) for x in found.group(1).split()], parse_target(found.group(2)), row))
+    return out
 
 
 def sign_rule(completion: str, numbers: list[int]) -> str | None:
@@ -84,12 +91,10 @@ def base_rate(by_size: dict[int, list[tuple[list[int], float]]], rule: str) -> f
 
 def main(paths: list[str]) -> None:
     for name in paths:
-        rows = read(Path(name))
-        puzzles = []
-        for r in rows:
-            m = PUZZLE.search(r["prompt"])
-            nums, target = [int(x) for x in m.group(1).split()], parse_target(m.group(2))
-            puzzles.append((nums, target, r["completion"], r["scores"]["accuracy"] > 0))
+        puzzles = [
+            (nums, target, r["completion"], r["scores"]["accuracy"] > 0)
+            for nums, target, r in read(Path(name))
+        ]
         by_size = collections.defaultdict(list)
         for nums, target, _, _ in puzzles:
             by_size[len(nums)].append((nums, target))
