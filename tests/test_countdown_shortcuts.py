@@ -17,7 +17,7 @@ from evolm.task.conciseness import Conciseness
 from evolm.task.countdown import Countdown
 from evolm.task.countdown.blind import BlindRates, form_tokens
 from evolm.task.countdown.data import generate_puzzles
-from evolm.task.countdown.reward import countdown_reward, parse_answer
+from evolm.task.countdown.reward import closeness, countdown_reward, parse_answer
 from evolm.task.countdown.shortcuts import (
     PuzzleInfo,
     answer_shape,
@@ -343,3 +343,59 @@ def test_a_fixed_rule_has_no_lift_and_a_solver_has_one_on_the_papers_test_split(
     solved = [solve(r["numbers"], r["target"]) for r in refs]
     out = task.summarize(examples, task.score(examples, answers(solved)))
     assert out["accuracy_lift"] > 0.8 and out["blind_accuracy"] < 0.15
+
+
+def test_closeness_is_one_at_the_target_and_falls_with_the_relative_error() -> None:
+    assert closeness(answers(["3 + 4"])[0], [3, 4], 7) == 1.0
+    assert closeness(answers(["3 + 4"])[0], [3, 4], 14) == 0.5  # 7 off a target of 14
+    assert closeness(answers(["10 - 1"])[0], [10, 1], "-11") == pytest.approx(0.0)  # 20 off
+    assert closeness(answers(["1 - 10"])[0], [10, 1], "-11") == pytest.approx(1 - 2 / 11)
+    assert closeness(answers(["3 * 4"])[0], [3, 4], 0) == 0.0  # 12 off a target of 0
+    assert closeness(answers(["3 + 3"])[0], [3, 4], 7) == 0.0  # not the puzzle's numbers
+    assert closeness(answers(["3 + 4 + 5"])[0], [3, 4], 7) == 0.0  # 5 is not the puzzle's
+    assert closeness(answers(["3 / (4 - 4)"])[0], [3, 4, 4], 7) == 0.0  # divides by zero
+    assert closeness(answers([None])[0], [3, 4], 7) == 0.0
+
+
+def test_the_blind_baseline_with_closeness_is_the_forms_blind_mean_score() -> None:
+    """(largest + middle) - smallest on 4 puzzles, by hand: in the puzzle's order it solves 1
+    with closeness 1, 0.6, 0.1, 2/7 (mean 0.49643); ranked largest first it solves 3
+    (closeness 1, 1, 0.1, 1: mean 0.775). The baseline takes the better order's sum."""
+    puzzles = [([48, 92, 54], 98), ([10, 20, 5], 25), ([3, 4, 5], 60), ([7, 2, 9], 14)]
+    tokens = parse_answer("(92 + 54) - 48")[0]  # type: ignore[index]
+    plain, weighted = BlindRates(puzzles), BlindRates(puzzles, closeness_weight=1.0)
+    assert plain.baseline(tokens, [48, 92, 54]) == plain.of_answer(tokens, [48, 92, 54]) == 0.75
+    assert weighted.of_answer(tokens, [48, 92, 54]) == 0.75  # the metric keeps its meaning
+    assert weighted.baseline(tokens, [48, 92, 54]) == pytest.approx(0.75 + 0.775)
+    assert weighted.baseline(None, [48, 92, 54]) == 0.0
+
+
+@pytest.mark.parametrize("key", ["format_weight", "closeness_weight"])
+def test_a_negative_reward_weight_is_one_config_error(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"task.{key}"):
+        Countdown(**{key: -0.1})  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
+def test_a_blind_closeness_reward_pays_a_fixed_rule_nothing_and_the_solver_much() -> None:
+    """``task.blind_baseline=true task.closeness_weight=0.5 task.format_weight=0``: every
+    completion earns its correctness plus half its closeness, minus what its form earns blindly
+    on the same puzzles. A fixed rule written on every test puzzle then earns exactly 0 on
+    average (it is its own blind baseline); the solver's answers earn most of their reward."""
+    kwargs = {"data_file": str(PAPER_FILE), "train_size": 200, "eval_samples": None}
+    shaped = Countdown(**kwargs, blind_baseline=True, closeness_weight=0.5, format_weight=0.0)
+    examples = shaped.eval_examples()
+    refs = [e.reference for e in examples]
+    rule = []
+    for r in refs:
+        a, b, c, *d = sorted(r["numbers"], reverse=True)
+        rule.append(f"{a} - {b} + {c}" if not d else f"{a} + {b} - {c} - {d[0]}")
+    scores = shaped.score(examples, answers(rule))
+    assert sum(scores["reward"]) / 2000 == pytest.approx(0.0, abs=1e-9)
+    assert 0.3 < sum(scores["closeness"]) / 2000 < 0.9  # the rule lands near many targets
+    unshaped = Countdown(**kwargs, closeness_weight=0.5).score(examples, answers(rule))
+    assert unshaped["reward"] == pytest.approx(  # 0.1 * format 1.0 + answer + closeness / 2
+        [0.1 + a + c / 2 for a, c in zip(scores["accuracy"], scores["closeness"], strict=True)]
+    )
+    solved = shaped.score(examples, answers([solve(r["numbers"], r["target"]) for r in refs]))
+    assert sum(solved["reward"]) / 2000 > 0.8

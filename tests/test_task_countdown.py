@@ -112,11 +112,12 @@ def test_score_keys_and_values() -> None:
     ]
     scores = task.score([ex] * 3, completions)
     public = {k for k in scores if not k.startswith("_")}
-    assert public == {"reward", "format_reward", "answer_reward", "accuracy"}
+    assert public == {"reward", "format_reward", "answer_reward", "accuracy", "closeness"}
     assert set(scores) - public == {"_template_answer", "_form", "_blind"}  # for summarize alone
     assert scores["reward"] == [1.1, 0.0, 0.06]
     assert scores["accuracy"] == [1.0, 0.0, 0.0]
     assert scores["format_reward"] == [1.0, 0.0, 0.6]
+    assert scores["closeness"][:2] == [1.0, 0.0]  # the solution; no answer
 
 
 @pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")

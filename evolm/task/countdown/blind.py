@@ -20,6 +20,11 @@ use each number exactly once, as the reward requires); over an evaluation:
   large lift (the solver's answers to the paper's test puzzles: 99.3%, their forms blindly
   8.6%).
 
+:meth:`BlindRates.baseline` is what ``task.blind_baseline=true`` subtracts from a completion's
+reward: the blind mean of ``correct + closeness_weight * closeness``
+(:func:`~evolm.task.countdown.reward.closeness_of`), the better of the two orders; with
+``closeness_weight=0`` it is the blind rate.
+
 Forms are evaluated on every puzzle at once in float64 (NumPy); the reward's tolerance decides.
 That is exact for ``+``, ``-`` and ``*`` over the puzzles' integers; divisions round like any
 float, far inside the tolerance.
@@ -60,9 +65,14 @@ class BlindRates:
 
     Args:
         puzzles: ``(numbers, target)`` per puzzle; repeats count once.
+        closeness_weight: the weight of closeness in :meth:`baseline` (the task's
+            ``closeness_weight``).
     """
 
-    def __init__(self, puzzles: Sequence[tuple[Sequence[int], float]]) -> None:
+    def __init__(
+        self, puzzles: Sequence[tuple[Sequence[int], float]], closeness_weight: float = 0.0
+    ) -> None:
+        self.closeness_weight = closeness_weight
         by_size: dict[int, set[tuple[tuple[int, ...], float]]] = defaultdict(set)
         for numbers, target in puzzles:
             by_size[len(numbers)].add((tuple(numbers), float(target)))
@@ -72,31 +82,46 @@ class BlindRates:
             numbers = np.array([n for n, _ in ordered], dtype=np.float64)
             targets = np.array([t for _, t in ordered], dtype=np.float64)
             self._pools[size] = numbers, -np.sort(-numbers, axis=1), targets
-        self._rates: dict[tuple[int, int, tuple[str, ...]], float] = {}
+        self._rates: dict[tuple[int, int, tuple[str, ...]], tuple[float, float]] = {}
 
     def of_answer(self, tokens: Sequence[str] | None, numbers: Sequence[int]) -> float:
         """The blind rate of one answer's form (0 for no answer, or one that does not use each
         of ``numbers`` exactly once)."""
+        return max((rate for rate, _ in self._both_orders(tokens, numbers)), default=0.0)
+
+    def baseline(self, tokens: Sequence[str] | None, numbers: Sequence[int]) -> float:
+        """The blind mean of ``correct + closeness_weight * closeness`` of one answer's form,
+        the better order's (0 for no answer, or one that does not use each number once)."""
+        w = self.closeness_weight
+        return max((r + w * c for r, c in self._both_orders(tokens, numbers)), default=0.0)
+
+    def _both_orders(
+        self, tokens: Sequence[str] | None, numbers: Sequence[int]
+    ) -> list[tuple[float, float]]:
+        """``(blind rate, blind mean closeness)`` of the answer's form in each order."""
         size = len(numbers)
         if tokens is None or size not in self._pools:
-            return 0.0
+            return []
         in_order = form_tokens(tokens, numbers)
         if in_order is None:
-            return 0.0
+            return []
         by_size = form_tokens(tokens, sorted(numbers, reverse=True))
-        return max(self._rate(size, 0, in_order), self._rate(size, 1, by_size))
+        return [self._rate(size, 0, in_order), self._rate(size, 1, by_size)]
 
-    def _rate(self, size: int, order: int, form: tuple[str, ...] | None) -> float:
+    def _rate(self, size: int, order: int, form: tuple[str, ...] | None) -> tuple[float, float]:
         """The share of the puzzles of ``size`` that ``form`` solves over their numbers in
-        ``order`` (0: the puzzle's, 1: largest first)."""
+        ``order`` (0: the puzzle's, 1: largest first), and its mean closeness to their targets."""
         if form is None:
-            return 0.0
+            return 0.0, 0.0
         key = (size, order, form)
         if key not in self._rates:
             columns, targets = self._pools[size][order], self._pools[size][2]
             values = _evaluate(form, columns)
-            with np.errstate(invalid="ignore"):
-                self._rates[key] = float(np.mean(np.abs(values - targets) < TOLERANCE))
+            with np.errstate(invalid="ignore", over="ignore"):
+                error = np.abs(values - targets)
+                near = 1.0 - error / np.maximum(np.abs(targets), 1.0)
+            near = np.where(np.isfinite(near), np.clip(near, 0.0, None), 0.0)
+            self._rates[key] = float(np.mean(error < TOLERANCE)), float(np.mean(near))
         return self._rates[key]
 
 

@@ -40,6 +40,9 @@ __all__ = [
     "REWARD_VALUES",
     "TOLERANCE",
     "answer_reward",
+    "answer_value",
+    "closeness",
+    "closeness_of",
     "countdown_reward",
     "evaluate_expression",
     "extract_answer",
@@ -243,22 +246,49 @@ def parse_target(s: str | int | float) -> float:
     return value
 
 
+def answer_value(completion: str, numbers: Sequence[int]) -> Fraction | None:
+    """The exact value of the last ``<answer>`` when it uses each of ``numbers`` exactly once
+    (what the answer reward requires before comparing with the target); else ``None``."""
+    answer = extract_answer(completion)
+    if not answer or not _ALLOWED.fullmatch(answer):
+        return None
+    used = sorted(int(n) for n in _INTEGER.findall(answer))
+    if used != sorted(int(n) for n in numbers):
+        return None
+    return evaluate_expression(answer)
+
+
 def answer_reward(completion: str, numbers: Sequence[int], target: float | int | str) -> float:
     """1.0 if the last ``<answer>`` uses each of ``numbers`` exactly once and equals ``target``.
 
     ``target`` may also be given as the file's string (parsed by :func:`parse_target`).
     """
-    answer = extract_answer(completion)
-    if not answer or not _ALLOWED.fullmatch(answer):
-        return 0.0
-    used = sorted(int(n) for n in _INTEGER.findall(answer))
-    if used != sorted(int(n) for n in numbers):
-        return 0.0
-    value = evaluate_expression(answer)
+    value = answer_value(completion, numbers)
     if value is None:
         return 0.0
     goal = Fraction(parse_target(target))  # exact image of the float
     return 1.0 if abs(value - goal) < TOLERANCE else 0.0
+
+
+def closeness_of(value: float, target: float) -> float:
+    """``max(0, 1 - |value - target| / max(|target|, 1))``: 1 at the target, falling linearly
+    to 0 at a relative error of 100% (0 for NaN or inf)."""
+    if not math.isfinite(value):
+        return 0.0
+    return max(0.0, 1.0 - abs(value - target) / max(abs(target), 1.0))
+
+
+def closeness(completion: str, numbers: Sequence[int], target: float | int | str) -> float:
+    """How near the last ``<answer>`` comes to ``target`` (:func:`closeness_of`), for an answer
+    that uses each of ``numbers`` exactly once (else 0): a dense, target-dependent signal where
+    the answer reward is 0 or 1 (``task.closeness_weight``; not part of the paper's reward)."""
+    value = answer_value(completion, numbers)
+    if value is None:
+        return 0.0
+    try:
+        return closeness_of(float(value), parse_target(target))
+    except OverflowError:  # a value beyond any float is nowhere near a target
+        return 0.0
 
 
 def countdown_reward(

@@ -22,6 +22,7 @@ from evolm.task.base import Example, Sampling, Scores, Task, cycling_window
 from evolm.task.countdown.blind import BlindRates
 from evolm.task.countdown.data import load_countdown_json
 from evolm.task.countdown.reward import (
+    closeness,
     countdown_reward,
     extract_answer,
     paper_prompt,
@@ -54,7 +55,9 @@ SYSTEM_PROMPT = (
 ASSISTANT_PREFIX = "Let me solve this step by step.\n<think>"
 """The paper prompt's ending: appended after the assistant header in the chat variant."""
 
-SCORE_KEYS = ("reward", "format_reward", "answer_reward", "accuracy")
+SCORE_KEYS = ("reward", "format_reward", "answer_reward", "accuracy", "closeness")
+PAPER_WEIGHTS = (0.1, 0.0)
+"""``(format_weight, closeness_weight)`` of the paper's reward: ``0.1 * format + answer``."""
 TEMPLATE_ANSWER, FORM, BLIND = "_template_answer", "_form", "_blind"
 """Per-row data for :meth:`Countdown.summarize` alone (``_`` keys are never logged): whether the
 answer is a template answer (1/0), its form's code (NaN: no answer that parses), and its form's
@@ -154,6 +157,12 @@ class Countdown(Task):
             average, so ES fitness pays only for choosing the answer by the puzzle (issue 36's
             runs climbed to 14% by writing a few such forms). ``answer_reward`` and
             ``accuracy`` keep their meaning; ``False`` (default): the paper's reward.
+        format_weight: the weight of the format reward in ``reward`` (the paper: 0.1).
+        closeness_weight: the weight of ``closeness`` in ``reward``
+            (:func:`~evolm.task.countdown.reward.closeness`: 1 at the target, 0 at 100%
+            relative error or for an answer that does not use each number once); 0 (the
+            paper): not in the reward. With ``blind_baseline``, the subtracted baseline is the
+            form's blind mean of ``correct + closeness_weight * closeness``.
     """
 
     def __init__(
@@ -174,8 +183,17 @@ class Countdown(Task):
         top_p: float = 1.0,
         stop: Sequence[str] = (),
         blind_baseline: bool = False,
+        format_weight: float = 0.1,
+        closeness_weight: float = 0.0,
     ) -> None:
+        for key, weight in (
+            ("format_weight", format_weight),
+            ("closeness_weight", closeness_weight),
+        ):
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ConfigError(f"task.{key}", f"must be a number >= 0, got {weight}", "e.g. 0.1")
         self.blind_baseline = blind_baseline
+        self.weights = (format_weight, closeness_weight)
         stop = stop if isinstance(stop, str) else tuple(stop)  # a bare string: Sampling refuses
         self.sampling = Sampling(max_new_tokens, temperature, top_p, stop=stop)  # type: ignore[arg-type]
         self.chat_template = chat_template
@@ -253,17 +271,27 @@ class Countdown(Task):
     def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
         scores: Scores = {k: [] for k in (*SCORE_KEYS, TEMPLATE_ANSWER, FORM, BLIND)}
         refs = [e.reference for e in examples]
-        blind = BlindRates([(r["numbers"], parse_target(r["target"])) for r in refs])
+        format_weight, closeness_weight = self.weights
+        puzzles = [(r["numbers"], parse_target(r["target"])) for r in refs]
+        blind = BlindRates(puzzles, closeness_weight)
         for ref, completion in zip(refs, completions, strict=True):
-            for key, value in countdown_reward(completion, ref["numbers"], ref["target"]).items():
-                scores[key].append(value)
+            row = countdown_reward(completion, ref["numbers"], ref["target"])
+            row["closeness"] = closeness(completion, ref["numbers"], ref["target"])
+            if self.weights != PAPER_WEIGHTS:  # the paper's is rounded to REWARD_VALUES
+                row["reward"] = (
+                    format_weight * row["format_reward"]
+                    + row["answer_reward"]
+                    + closeness_weight * row["closeness"]
+                )
             shape = self._shape(completion, ref["numbers"])
+            tokens = None if shape is None else shape.tokens
+            if self.blind_baseline:
+                row["reward"] -= blind.baseline(tokens, ref["numbers"])
+            for key, value in row.items():
+                scores[key].append(value)
             scores[TEMPLATE_ANSWER].append(float(shape is not None and shape.template))
             scores[FORM].append(math.nan if shape is None else form_code(shape.form))
-            tokens = None if shape is None else shape.tokens
             scores[BLIND].append(blind.of_answer(tokens, ref["numbers"]))
-            if self.blind_baseline:
-                scores["reward"][-1] -= scores[BLIND][-1]
         return scores
 
     def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
