@@ -334,3 +334,35 @@ def test_the_shortcut_baseline_is_a_resumed_runs_first_eval(tmp_path: Path) -> N
 def test_shortcut_rise_out_of_range_names_the_key() -> None:
     with pytest.raises(ConfigError, match="shortcut_rise"):
         LearningMonitor(shortcut_rise=0.0)
+
+
+def test_accuracy_falling_while_fitness_rises_is_reported_at_the_second_eval(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36's bb0: the blind-baseline reward left only the format reward to climb; fitness
+    rose to 0.1 while held-out accuracy fell from 2.5% to 0.0%. One such eval can be noise;
+    two in a row are reported (once), quoting the numbers."""
+
+    def run(*evals: tuple[float, float], abort: bool = False) -> RunContext:
+        monitor, ctx = LearningMonitor(abort=abort), context(tmp_path)
+        monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+        start = GenerationRecord(0, eval={"eval/accuracy_mean": 0.025})
+        monitor.on_generation_end(ctx, start, None)  # type: ignore[arg-type]
+        monitor.on_generation_end(ctx, record(1, 0.01, mean=0.06), None)  # type: ignore[arg-type]
+        for g, (fitness, accuracy) in enumerate(evals, 2):
+            later = replace(record(g, 0.01, mean=fitness), eval={"eval/accuracy_mean": accuracy})
+            monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
+        return ctx
+
+    with caplog.at_level(logging.WARNING):
+        assert not run((0.1, 0.0)).tags  # one eval
+        ctx = run((0.1, 0.0), (0.1, 0.005), (0.1, 0.0))
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "evolm.callbacks.health"]
+    assert warning.startswith("THIS RUN IS GAMING ITS REWARD (eval/accuracy_mean)")
+    assert "fitness rose from 0.06 to 0.1" in warning and "fell from 2.5% to 0.5%" in warning
+    assert ctx.tags[TAG] == "accuracy_fell"
+    assert not run((0.1, 0.0), (0.1, 0.02), (0.1, 0.0)).tags  # not in a row
+    assert not run((0.1, 0.015), (0.1, 0.015)).tags  # fell by less than 2 points
+    assert not run((0.05, 0.0), (0.05, 0.0)).tags  # the fitness did not rise
+    with pytest.raises(RunAborted, match=r"fell from 2\.5% to 0\.0%"):
+        run((0.1, 0.0), (0.1, 0.0), abort=True)

@@ -32,6 +32,13 @@ the accuracy lift (``eval/accuracy_lift``: the accuracy minus what the mean's ow
 score written without reading the target, :mod:`evolm.task.countdown.blind`) rose by less than
 a quarter of the rise: ``THIS RUN IS LEARNING A SHORTCUT``, quoting the numbers. The names
 are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is watched.
+
+A run paid for something other than its task (``accuracy_fell``) is told so when, at
+:data:`FELL_EVALS` evaluations in a row, the population's fitness is above its first
+generation's while the mean's held-out accuracy has fallen by ``shortcut_rise`` and by half or
+more below the first evaluation's: ``THIS RUN IS GAMING ITS REWARD`` (issue 36: with
+``task.blind_baseline=true`` the 1.5B stopped reasoning to collect the format reward, 2.5% ->
+0.0% in 20 generations).
 """
 
 from __future__ import annotations
@@ -92,6 +99,16 @@ GAMING = {"gaming_empty": M.EMPTY_SHARE, "gaming_truncated": M.TRUNCATED_SHARE}
 """Reward-gaming conditions and the diagnostic (``train/<name>``) each watches."""
 
 SHORTCUT = "shortcut"
+FELL = "accuracy_fell"
+FELL_EVALS = 2
+"""Evaluations in a row at which the accuracy must have fallen (one can be noise)."""
+FELL_ADVICE = (
+    "the population's fitness rose from {start} to {fitness} while the mean's held-out accuracy "
+    "({acc}) fell from {acc_start} to {acc_now} at {n} evaluations in a row: the reward pays for "
+    "something other than solving the task. Read the mean's completions ({samples}) and check "
+    "what the reward's other terms pay (countdown: the format reward, task.format_weight; with "
+    "task.blind_baseline=true it is all that a fixed answer earns)"
+)
 TEMPLATE_SHARE_ALARM = 0.9
 """A share of template answers among the correct ones this high, with the accuracy risen, is a
 shortcut whatever the other puzzles do."""
@@ -170,6 +187,7 @@ class LearningMonitor(Callback):
         self.learned = 0  # generations whose members' fitness differed and the mean moved
         self.first: Record | None = None  # the run's first generation (the gaming baseline)
         self.first_eval: Record | None = None  # the run's first eval (the shortcut baseline)
+        self.fell = 0  # evaluations in a row with the accuracy fallen and the fitness risen
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self._reset()
@@ -185,6 +203,10 @@ class LearningMonitor(Callback):
             return  # the start's eval record
         record = generation.as_record()  # flat, as the baseline from ctx.history is
         self._check_nonfinite(record)
+        if generation.eval and ACCURACY in generation.eval and FELL not in self.reported:
+            self.fell = self.fell + 1 if self._fell(generation.eval, record) else 0
+            if self.fell >= FELL_EVALS:
+                self._report_fell(ctx, record, generation.eval)
         std, mean = record[M.FITNESS_STD], record[M.FITNESS_MEAN]
         tie = math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean))
         # a tie after learning is a stall (saturated or converged), not a run that never could
@@ -236,6 +258,43 @@ class LearningMonitor(Callback):
             or bool(lift < BEYOND_SHARE * rise)
             or evaluation.get(TEMPLATES, 0.0) >= TEMPLATE_SHARE_ALARM
             or below_a_rule
+        )
+
+    def _fell(self, evaluation: Mapping[str, float], record: Record) -> bool:
+        """Whether the held-out accuracy has fallen by ``shortcut_rise`` and by half or more
+        below the first evaluation's while the fitness is above the first generation's."""
+        if self.first_eval is None or self.first is None or ACCURACY not in self.first_eval:
+            return False
+        start, now = self.first_eval[ACCURACY], evaluation[ACCURACY]
+        drop = max(self.shortcut_rise, start / 2)
+        rose = record[M.FITNESS_MEAN] > self.first[M.FITNESS_MEAN]  # False for NaN
+        return bool(rose and start - now >= drop)
+
+    def _report_fell(
+        self, ctx: RunContext, record: Record, evaluation: Mapping[str, float]
+    ) -> None:
+        first, first_eval = self.first or {}, self.first_eval or {}
+        message = FELL_ADVICE.format(
+            start=f"{first.get(M.FITNESS_MEAN, math.nan):.6g}",
+            fitness=f"{record[M.FITNESS_MEAN]:.6g}",
+            acc=ACCURACY,
+            acc_start=_share(first_eval, ACCURACY),
+            acc_now=_share(evaluation, ACCURACY),
+            n=self.fell,
+            samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
+        )
+        self.reported.add(FELL)
+        ctx.tags[TAG] = FELL
+        if self.abort:
+            raise RunAborted(
+                f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
+                f"{record[M.GENERATION]}"
+            )
+        log.warning(
+            "THIS RUN IS GAMING ITS REWARD (%s): %s. Set callbacks.health.abort=true to stop "
+            "such runs.",
+            ACCURACY,
+            message,
         )
 
     def _report_shortcut(
