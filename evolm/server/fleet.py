@@ -21,12 +21,12 @@ import logging
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from evolm.engine.base import Engine, Row
-from evolm.lora.layout import LoraLayout, LoraPopulation
-from evolm.sampling import Sampling
+from evolm.engine.base import Engine, TextRequest
+from evolm.lora.layout import LoraLayout
 from evolm.server.remote import map_all
 
 log = logging.getLogger(__name__)
@@ -81,19 +81,12 @@ class Fleet(Engine):
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return self.engines[0].format_chat(messages)
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
+    def generate_rows(self, request: TextRequest) -> list[str]:
         """Row ``i`` goes to server ``i mod K``; every server's share runs concurrently."""
-        k = len(self.engines)
+        k, rows = len(self.engines), request.rows
         shares = [list(rows[s::k]) for s in range(k)]
         futures = [
-            self.pool.submit(engine.generate_rows, prompts, adapters, share, sampling, seed)
+            self.pool.submit(engine.generate_rows, replace(request, rows=share))
             for engine, share in zip(self.engines, shares, strict=True)
             if share
         ]

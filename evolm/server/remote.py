@@ -45,7 +45,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from transformers import AutoTokenizer
 
-from evolm.engine.base import Engine, Row, chat_prompt
+from evolm.engine.base import Engine, TextRequest, chat_prompt
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
@@ -250,21 +250,11 @@ class RemoteEngine(Engine):
         """The dtype adapters are written in (fp32 unless a server says otherwise)."""
         return torch.float32
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
+    def generate_rows(self, request: TextRequest) -> list[str]:
         """The ``(member, prompt)`` rows' completions, in their order, whatever members they
         mix: one staged generation; re-run whole (fresh adapter names) after restarting a dead
         server."""
-        return self.with_restarts(
-            "re-running the generation",
-            lambda: self._generate_once(list(prompts), adapters, list(rows), sampling, seed),
-        )
+        return self.with_restarts("re-running the generation", lambda: self._generate_once(request))
 
     def with_restarts(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``; when the server is down (its process exited, or ServerDown), a launched one
@@ -286,14 +276,8 @@ class RemoteEngine(Engine):
                 self._restart(str(e), what)
         raise AssertionError("unreachable")
 
-    def _generate_once(
-        self,
-        prompts: list[str],
-        adapters: LoraPopulation | None,
-        rows: list[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
+    def _generate_once(self, request: TextRequest) -> list[str]:
+        prompts, adapters, rows = request.prompts, request.adapters, list(request.rows)
         self.generation += 1
         keys = ("write_s", "load_s", "build_s", "generate_s", "unload_s")
         t = dict.fromkeys(keys, 0.0)
@@ -311,7 +295,8 @@ class RemoteEngine(Engine):
                 name_of = dict(zip(members, names, strict=True))
             with timed(t, "build_s"):
                 texts = [prompts[p] for _, p in rows]
-                calls = self.build_calls(texts, [name_of.get(m) for m, _ in rows], sampling, seed)
+                names_of_rows = [name_of.get(m) for m, _ in rows]
+                calls = self.build_calls(texts, names_of_rows, request.sampling, request.seed)
             with timed(t, "generate_s"):
                 answers = self._send(calls)
             out: list[str | None] = [None] * len(rows)
