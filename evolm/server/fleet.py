@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from evolm.engine.base import Engine, TextRequest
 from evolm.lora.layout import LoraLayout
-from evolm.server.remote import map_all
+from evolm.server.remote import map_all, settle
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,7 @@ def start_all(makers: Sequence[Callable[[], Engine]]) -> list[Engine]:
     """Build every engine at once (servers start in parallel); if one fails, close the others
     and raise its error."""
     with ThreadPoolExecutor(max(1, len(makers)), thread_name_prefix="evolm-fleet") as pool:
-        futures = [pool.submit(make) for make in makers]
-        engines, errors = [], []
-        for f in futures:
-            try:
-                engines.append(f.result())
-            except BaseException as e:
-                errors.append(e)
+        engines, errors = settle([pool.submit(make) for make in makers], BaseException)
     if errors:
         for engine in engines:
             engine.close()

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -53,7 +53,7 @@ from evolm.server.connection import Server, ServerDown, ServerError, ServerProce
 from evolm.server.options import RemoteOptions
 from evolm.server.staging import AdapterStage
 
-__all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError", "map_all"]
+__all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError", "map_all", "settle"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -71,20 +71,29 @@ class Call:
 def map_all(
     pool: ThreadPoolExecutor, fn: Callable[..., T], args: Sequence[tuple[Any, ...]]
 ) -> list[T]:
-    """Run ``fn(*a)`` for every ``a`` on ``pool``; wait for all, then raise the first error.
-
-    Futures are awaited one by one (not ``concurrent.futures.wait``, which holds every
-    future's lock at once: a Ctrl-C or SIGTERM landing there could leave them locked)."""
-    futures = [pool.submit(fn, *a) for a in args]
-    results, errors = [], []
-    for f in futures:
-        try:
-            results.append(f.result())
-        except Exception as e:
-            errors.append(e)
+    """Run ``fn(*a)`` for every ``a`` on ``pool``; wait for all, then raise the first error."""
+    results, errors = settle([pool.submit(fn, *a) for a in args], Exception)
     if errors:
         raise errors[0]
     return results
+
+
+def settle(
+    futures: Sequence[Future[T]], catch: type[BaseException]
+) -> tuple[list[T], list[BaseException]]:
+    """The results of ``futures`` and the errors of type ``catch`` they raised (any other error
+    propagates at once), after waiting for every one.
+
+    Futures are awaited one by one (not ``concurrent.futures.wait``, which holds every
+    future's lock at once: a Ctrl-C or SIGTERM landing there could leave them locked)."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+    for f in futures:
+        try:
+            results.append(f.result())
+        except catch as e:
+            errors.append(e)
+    return results, errors
 
 
 @contextlib.contextmanager
