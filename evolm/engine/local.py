@@ -82,7 +82,7 @@ class LocalEngine(Engine):
         kv_cache_dtype: str = "auto",
         quantization: str | None = None,
     ) -> None:
-        settings = dict(locals())
+        settings = dict(locals())  # every keyword after layout is a field of LocalOptions
         del settings["self"], settings["model_path"], settings["layout"]
         options = LocalOptions(**settings)
         start = time.perf_counter()
