@@ -23,6 +23,23 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
+class LoadedEngine(LocalEngine):
+    """A local engine over an already loaded ``model`` (no load by path): its projections
+    wrapped and its path picked as :class:`LocalEngine` does; ``source``: the engine whose
+    model wrappers and fast forward it shares."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None,
+        layout: LoraLayout,
+        options: LocalOptions,
+        tuning: Tuning,
+        source: LocalEngine | None = None,
+    ) -> None:
+        self._setup(model, tokenizer, layout, options, tuning, source)
+
+
 def generate_ids(
     engine: LocalEngine,
     input_ids: torch.Tensor,
@@ -64,7 +81,7 @@ def from_model(
     (``device`` and ``dtype`` are the model's), ``tuning``: the fast path's benchmark knobs.
     Texts need a tokenizer, token ids do not."""
     options = LocalOptions(**settings)
-    return LocalEngine.over(model.eval(), tokenizer, layout, options, tuning or Tuning())
+    return LoadedEngine(model.eval(), tokenizer, layout, options, tuning or Tuning())
 
 
 def with_options(engine: LocalEngine, tuning: Tuning | None = None, **changes: Any) -> LocalEngine:
@@ -77,4 +94,4 @@ def with_options(engine: LocalEngine, tuning: Tuning | None = None, **changes: A
     if options.fast != engine.options.fast:
         raise ValueError("with_options cannot change the path (fast)")
     tuned = engine.tuning if tuning is None else tuning
-    return LocalEngine.over(engine.model, engine.tokenizer, engine.layout, options, tuned, engine)
+    return LoadedEngine(engine.model, engine.tokenizer, engine.layout, options, tuned, engine)

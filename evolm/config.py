@@ -46,7 +46,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, bool]]] = {
     "server": {
         "schema_local": ("evolm.engine.local:LocalEngine", True),
         "schema_vllm": ("evolm.server.vllm:VLLMEngine", True),
-        "schema_sglang": ("evolm.server.sglang:sglang_servers", True),
+        # the _target_ is sglang_servers, which passes these keys on to every server
+        "schema_sglang": ("evolm.server.sglang:SGLangEngine", True),
     },
 }
 

@@ -11,7 +11,7 @@ import torch
 from evolm import metrics as M
 from evolm.diagnostics import RowStats, completion_stats, summarize
 from evolm.dist import SINGLE, Comm
-from evolm.engine.base import Engine
+from evolm.engine.base import Engine, TextRequest
 from evolm.lora.layout import LoraPopulation
 from evolm.task.base import Example, Scores, Task
 
@@ -121,7 +121,8 @@ def _evaluate_sharded(
     rows = [(m, p) for m in range(members) for p in range(n_prompts)]
     mine = comm.shard(rows)
     prompts = [render(engine, e) for e in examples]
-    texts = engine.generate_rows(prompts, adapters, mine, task.sampling, seed) if mine else []
+    request = TextRequest(prompts, adapters, mine, task.sampling, seed)
+    texts = engine.generate_rows(request) if mine else []
     generated = time.perf_counter()
     if task.row_scores:  # each rank scores its rows; one all-gather of scores and stats
         local: Scores = task.score([examples[p] for _, p in mine], texts) if mine else {}

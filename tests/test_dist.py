@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from evolm import dist
 from evolm.dist import SINGLE, DivergenceError, checksum, first_host, launch_env
-from evolm.engine.base import Completion, Engine, Row
+from evolm.engine.base import Completion, Engine, TextRequest
 from evolm.evaluate import evaluate
 from evolm.lora.layout import LoraLayout, LoraPopulation, LoraTarget
 from evolm.sampling import Sampling
@@ -111,18 +111,12 @@ class LabelEngine(Engine):
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return messages[-1]["content"]
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
+    def generate_rows(self, request: TextRequest) -> list[str]:
+        prompts, adapters = request.prompts, request.adapters
         labels = [0] if adapters is None else [int(t.flatten()[0]) for t in adapters.tensors[0]]
         return [
             Completion(f"{prompts[p]}{'!' * labels[m]}", tokens=labels[m], truncated=labels[m] > 2)
-            for m, p in rows
+            for m, p in request.rows
         ]
 
     def close(self) -> None: ...

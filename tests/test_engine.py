@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from evolm.engine.base import TextRequest
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.es import ES
@@ -124,6 +125,6 @@ def test_generate_rows_equals_the_population_rows(
     whole = engine.generate(prompts, pop, sampling, seed=0)
     rows = [(m, p) for m in range(3) for p in range(4)]
     for shard in (rows[0::2], rows[1::2], rows[5:], [(2, 3), (0, 0), (1, 2)]):
-        assert engine.generate_rows(prompts, pop, shard, sampling, seed=0) == [
+        assert engine.generate_rows(TextRequest(prompts, pop, shard, sampling, seed=0)) == [
             whole[m][p] for m, p in shard
         ]

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from evolm import metrics as M
 from evolm.callbacks import RunContext
 from evolm.callbacks.results import ResultsWriter
-from evolm.engine.base import Completion, Engine, Row
+from evolm.engine.base import Completion, Engine, TextRequest
 from evolm.engine.local import LocalEngine
 from evolm.es import ES
 from evolm.evaluate import kl_to_base
@@ -94,15 +94,8 @@ class SilentEngine(Engine):
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return ""
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
-        return ["x"] * len(rows)
+    def generate_rows(self, request: TextRequest) -> list[str]:
+        return ["x"] * len(request.rows)
 
     def close(self) -> None: ...
 

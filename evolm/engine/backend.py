@@ -3,7 +3,8 @@
 batching) or :class:`~evolm.engine.hf.backend.HfBackend` (the transformers modules, any
 architecture). Both compute the same function; :class:`~evolm.engine.local.LocalEngine` only
 forwards to the one it picked. A generation is one request object: texts
-(:class:`TextRequest`) or token ids (:class:`TokenRequest`)."""
+(:class:`~evolm.engine.base.TextRequest`, as every engine takes it) or token ids
+(:class:`TokenRequest`)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from evolm.engine.base import Row
+from evolm.engine.base import TextRequest
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
-
-
-@dataclass(frozen=True)
-class TextRequest:
-    """The ``(member, prompt)`` pairs ``rows`` of ``prompts``, adapted by ``adapters`` (None:
-    the base model), decoded with ``sampling`` from ``seed``
-    (:meth:`Engine.generate_rows <evolm.engine.base.Engine.generate_rows>`)."""
-
-    prompts: Sequence[str]
-    adapters: LoraPopulation | None
-    rows: Sequence[Row]
-    sampling: Sampling
-    seed: int
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -22,6 +23,19 @@ from evolm.sampling import Sampling
 
 Row = tuple[int, int]
 """One generation row: ``(member, prompt)`` indices into a population and its prompts."""
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """The ``(member, prompt)`` pairs ``rows`` of ``prompts``, adapted by ``adapters`` (None:
+    the base model), decoded with ``sampling`` from ``seed``: one :meth:`Engine.generate_rows`
+    call."""
+
+    prompts: Sequence[str]
+    adapters: LoraPopulation | None
+    rows: Sequence[Row]
+    sampling: Sampling
+    seed: int
 
 
 class Completion(str):
@@ -93,17 +107,10 @@ class Engine(Protocol):
         """Render chat messages with the model's chat template, ending in the assistant header."""
         ...
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
-        """Completions of the ``(member, prompt)`` pairs ``rows``, in their order, whatever
-        members they mix (``adapters=None``: member 0 is the base model): a process's shard of
-        a population's rows, or all of them."""
+    def generate_rows(self, request: TextRequest) -> list[str]:
+        """Completions of the ``(member, prompt)`` pairs ``request.rows``, in their order,
+        whatever members they mix (``adapters=None``: member 0 is the base model): a process's
+        shard of a population's rows, or all of them."""
         ...
 
     def close(self) -> None: ...
@@ -115,7 +122,7 @@ class Engine(Protocol):
         every prompt as one :meth:`generate_rows` (rows member-major)."""
         members, n = (1 if adapters is None else len(adapters)), len(prompts)
         rows = [(m, p) for m in range(members) for p in range(n)]
-        texts = self.generate_rows(prompts, adapters, rows, sampling, seed)
+        texts = self.generate_rows(TextRequest(prompts, adapters, rows, sampling, seed))
         return [texts[m * n : (m + 1) * n] for m in range(members)]
 
     # -- optional hooks (no-op defaults) ----------------------------------------------------

@@ -1,23 +1,10 @@
-"""``server=local``: the embedded engine. One in-process model evaluates a whole population.
+"""``server=local``: the embedded engine, one in-process model for a whole population.
 
-:class:`LocalEngine` is the front door: it checks the settings, loads the model, wraps its
-target projections for adapters (:func:`~evolm.engine.hf.multilora.attach`; the KL and the HF
-path use them), picks ONE path at set-up and forwards to it (:mod:`evolm.engine.backend`):
-
-- the fast path (default where the architecture is supported: Qwen2 / Llama):
-  :class:`~evolm.engine.fast.backend.FastBackend`, the fused forward driven by continuous
-  batching (:mod:`evolm.engine.fast`: rows of any members in any order, slots sized by the
-  memory planner, refilled as rows finish, CUDA-graph decode steps on GPUs);
-- the HF path: :class:`~evolm.engine.hf.backend.HfBackend`, the transformers model with every
-  target projection a :class:`~evolm.engine.hf.multilora.MultiLoraLinear`, rows grouped by
-  member.
-
-Where things go: a local-engine option: a field of :class:`~evolm.engine.options.LocalOptions`
-(checked once, before any model loads) and a keyword of :class:`LocalEngine` (its signature is
-the config schema); texts and stop strings: :mod:`evolm.engine.texts`; the fast path's parts:
-:mod:`evolm.engine.fast`.
-
-CPU runs fp32, CUDA bf16 by default.
+:class:`LocalEngine` is the front door: it checks the settings
+(:class:`~evolm.engine.options.LocalOptions`), loads the model, wraps its target projections
+for adapters (:func:`~evolm.engine.hf.multilora.attach`), picks ONE path at set-up
+(:func:`pick`: the fast one or the HF one, :mod:`evolm.engine.backend`) and forwards to it.
+docs/architecture.md draws the paths; ``benchmarks.harness`` builds engines over loaded models.
 """
 
 from __future__ import annotations
@@ -32,20 +19,18 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from evolm.engine.backend import Backend, TextRequest
-from evolm.engine.base import Engine, Row, chat_prompt
+from evolm.engine.backend import Backend
+from evolm.engine.base import Engine, TextRequest, chat_prompt
 from evolm.engine.fast.backend import FastBackend
 from evolm.engine.fast.model import FastModel
 from evolm.engine.fast.weights import unsupported_reason, update_weights
 from evolm.engine.hf.backend import HfBackend
-from evolm.engine.hf.kl import kl_along, scored
-from evolm.engine.hf.multilora import MultiLoraLinear, attach, load_population
+from evolm.engine.hf.kl import kl_to_base
+from evolm.engine.hf.multilora import MultiLoraLinear, attach
 from evolm.engine.options import LocalOptions, Tuning
 from evolm.engine.texts import Texts
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
-from evolm.model import load_causal_lm
-from evolm.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +58,12 @@ def pick(
 
 
 class LocalEngine(Engine):
-    """In-process batched multi-LoRA generation.
+    """In-process batched multi-LoRA generation (CPU fp32, CUDA bf16 by default).
 
-    ``LocalEngine.loads`` counts the models loaded in this process (a sweep should load one).
     ``model_path`` and ``layout`` are completed by the composition root; the other keywords are
-    the fields of :class:`~evolm.engine.options.LocalOptions` (documented there), checked at
-    once, before the model loads, and kept as ``self.options``.
-
-    Entry points: :meth:`generate_rows` (the ``(member, prompt)`` rows of any members, texts)
-    and :meth:`generate` (every member x every prompt). ``backend`` is the path picked once
-    (token ids in and out: ``benchmarks.harness.generate_ids``); :attr:`fast` the fast one, for
-    tests and benchmarks to look inside (None on the HF path).
+    the fields of :class:`~evolm.engine.options.LocalOptions` (documented there; this signature
+    is the config schema), checked before the model loads and kept as ``self.options``.
+    ``LocalEngine.loads`` counts the models loaded in this process (a sweep should load one).
     """
 
     loads = 0
@@ -102,24 +82,11 @@ class LocalEngine(Engine):
         kv_cache_dtype: str = "auto",
         quantization: str | None = None,
     ) -> None:
-        options = LocalOptions(
-            device=device,
-            dtype=dtype,
-            max_batch_rows=max_batch_rows,
-            threads=threads,
-            fast=fast,
-            gpu_memory_utilization=gpu_memory_utilization,
-            batching=batching,
-            kv_cache_dtype=kv_cache_dtype,
-            quantization=quantization,
-        )
-        if options.threads is not None:
-            torch.set_num_threads(options.threads)
-        torch_device = options.resolve_device()
-        torch_dtype = options.resolve_dtype(torch_device)
-        options.check_fp8(None, torch_device)  # before loading
+        settings = dict(locals())  # every keyword after layout is a field of LocalOptions
+        del settings["self"], settings["model_path"], settings["layout"]
+        options = LocalOptions(**settings)
         start = time.perf_counter()
-        model, tokenizer = load_causal_lm(model_path, device=str(torch_device), dtype=torch_dtype)
+        model, tokenizer = options.load(model_path)
         LocalEngine.loads += 1
         self._setup(model, tokenizer, layout, options, Tuning(), None)
         seconds = time.perf_counter() - start
@@ -133,23 +100,6 @@ class LocalEngine(Engine):
         """The settings checked without loading anything (the composition root calls this
         before any model loads); the keywords of the constructor but its runtime arguments."""
         return LocalOptions(**settings)
-
-    @classmethod
-    def over(
-        cls,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase | None,
-        layout: LoraLayout,
-        options: LocalOptions,
-        tuning: Tuning,
-        source: LocalEngine | None = None,
-    ) -> LocalEngine:
-        """An engine over an already loaded model (the harness's constructor:
-        ``benchmarks.harness``); ``source``: the engine whose model wrappers and fast forward
-        it shares."""
-        engine = cls.__new__(cls)
-        engine._setup(model, tokenizer, layout, options, tuning, source)
-        return engine
 
     def _setup(
         self,
@@ -176,55 +126,31 @@ class LocalEngine(Engine):
         return self.backend if isinstance(self.backend, FastBackend) else None
 
     def use_layout(self, layout: LoraLayout) -> None:
-        """Serve adapters of ``layout`` from now on, on the loaded model (a sweep trial with
-        another rank or targets; see :mod:`evolm.app.pool`)."""
+        """Serve adapters of ``layout`` from now on, on the loaded model (a sweep trial)."""
         self.layout, self.layers = layout, attach(self.model, layout)
         self.backend.use_layout(layout, self.layers)
 
     def update_base_weights(self, named: Mapping[str, torch.Tensor]) -> None:
-        """``es.mean=full``: copy ``named`` (e.g. the fp32 master) into the model's weights in
-        place (one rounding to the engine's dtype); the fast path's fused buffers are those
-        weights, and their fp8 copies are requantized in place, so CUDA graphs stay valid."""
+        """``es.mean=full``: ``named`` copied into the model's weights in place (the fast
+        path's fused buffers are those weights; its fp8 copies are requantized in place)."""
         self.backend.weights_changed(update_weights(self.model, named))
 
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return chat_prompt(self.tokenizer, messages)
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
-        """Completions of the ``(member, prompt)`` pairs ``rows``, in their order: the one text
-        entry point. The fast path takes rows of any members in any order in one call; the HF
-        path groups them by the prompts they answer and generates each group's members in
-        chunks of whole members of at most ``max_batch_rows`` rows."""
-        return self.backend.generate_rows(TextRequest(prompts, adapters, rows, sampling, seed))
+    def generate_rows(self, request: TextRequest) -> list[str]:
+        """The rows' completions, in their order, from the path picked at set-up."""
+        return self.backend.generate_rows(request)
 
     def kl_to_base(
         self, prompts: Sequence[str], completions: Sequence[str], adapter: LoraPopulation
     ) -> list[list[float]]:
-        """Per completion, the KL(adapted || base) of the next-token distributions that
-        produced it (:mod:`evolm.engine.hf.kl`): a teacher-forced forward of the transformers
-        modules with and without the adapter (the fast path's weights are theirs too; with
-        ``quantization=fp8`` the unquantized ones)."""
-        rows = [scored(self.tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
-
-        def use(adapted: bool) -> None:
-            load_population(self.layers, adapter if adapted else None, self.device, self.dtype)
-
-        try:
-            return kl_along(self.model, rows, use, self.texts.pad_id)
-        finally:
-            use(False)
+        """Scored by the transformers modules (:func:`~evolm.engine.hf.kl.kl_to_base`)."""
+        return kl_to_base(self.model, self.texts, self.layers, prompts, completions, adapter)
 
     @property
     def last_timings(self) -> Mapping[str, float]:
-        """Phase times and counts of the last fast-path generation, with the host's time
-        around it (:attr:`FastBackend.last_timings`); empty on the HF path."""
+        """The last fast-path generation's phase times and counts; empty on the HF path."""
         return self.backend.last_timings
 
     def close(self) -> None:

@@ -10,11 +10,16 @@ fix. A new option is a field here (with its check in ``__post_init__``), a keywo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from evolm.engine.kernels import FP8
 from evolm.errors import ConfigError
+from evolm.model import load_causal_lm
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHE_DTYPES = {"auto": None, "fp8": FP8}
@@ -140,6 +145,17 @@ class LocalOptions:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+    def load(self, model_path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """The model at ``model_path`` and its tokenizer, loaded with these settings (torch's
+        CPU threads, the device, the dtype); the fp8 options are checked against the device
+        first, before anything loads."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        device = self.resolve_device()
+        dtype = self.resolve_dtype(device)
+        self.check_fp8(None, device)  # before loading
+        return load_causal_lm(model_path, device=str(device), dtype=dtype)
 
     def check_fp8(self, reason: str | None, device: torch.device | None) -> None:
         """The fp8 options need the fast path (``fast`` not False, the architecture supported:

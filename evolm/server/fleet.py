@@ -21,13 +21,13 @@ import logging
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from evolm.engine.base import Engine, Row
-from evolm.lora.layout import LoraLayout, LoraPopulation
-from evolm.sampling import Sampling
-from evolm.server.remote import map_all
+from evolm.engine.base import Engine, TextRequest
+from evolm.lora.layout import LoraLayout
+from evolm.server.remote import map_all, settle
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,7 @@ def start_all(makers: Sequence[Callable[[], Engine]]) -> list[Engine]:
     """Build every engine at once (servers start in parallel); if one fails, close the others
     and raise its error."""
     with ThreadPoolExecutor(max(1, len(makers)), thread_name_prefix="evolm-fleet") as pool:
-        futures = [pool.submit(make) for make in makers]
-        engines, errors = [], []
-        for f in futures:
-            try:
-                engines.append(f.result())
-            except BaseException as e:
-                errors.append(e)
+        engines, errors = settle([pool.submit(make) for make in makers], BaseException)
     if errors:
         for engine in engines:
             engine.close()
@@ -81,19 +75,12 @@ class Fleet(Engine):
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return self.engines[0].format_chat(messages)
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
+    def generate_rows(self, request: TextRequest) -> list[str]:
         """Row ``i`` goes to server ``i mod K``; every server's share runs concurrently."""
-        k = len(self.engines)
+        k, rows = len(self.engines), request.rows
         shares = [list(rows[s::k]) for s in range(k)]
         futures = [
-            self.pool.submit(engine.generate_rows, prompts, adapters, share, sampling, seed)
+            self.pool.submit(engine.generate_rows, replace(request, rows=share))
             for engine, share in zip(self.engines, shares, strict=True)
             if share
         ]

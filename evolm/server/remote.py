@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -45,7 +45,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from transformers import AutoTokenizer
 
-from evolm.engine.base import Engine, Row, chat_prompt
+from evolm.engine.base import Engine, TextRequest, chat_prompt
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.sampling import Sampling
@@ -53,7 +53,7 @@ from evolm.server.connection import Server, ServerDown, ServerError, ServerProce
 from evolm.server.options import RemoteOptions
 from evolm.server.staging import AdapterStage
 
-__all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError", "map_all"]
+__all__ = ["Call", "RemoteEngine", "ServerDown", "ServerError", "map_all", "settle"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -71,20 +71,29 @@ class Call:
 def map_all(
     pool: ThreadPoolExecutor, fn: Callable[..., T], args: Sequence[tuple[Any, ...]]
 ) -> list[T]:
-    """Run ``fn(*a)`` for every ``a`` on ``pool``; wait for all, then raise the first error.
-
-    Futures are awaited one by one (not ``concurrent.futures.wait``, which holds every
-    future's lock at once: a Ctrl-C or SIGTERM landing there could leave them locked)."""
-    futures = [pool.submit(fn, *a) for a in args]
-    results, errors = [], []
-    for f in futures:
-        try:
-            results.append(f.result())
-        except Exception as e:
-            errors.append(e)
+    """Run ``fn(*a)`` for every ``a`` on ``pool``; wait for all, then raise the first error."""
+    results, errors = settle([pool.submit(fn, *a) for a in args], Exception)
     if errors:
         raise errors[0]
     return results
+
+
+def settle(
+    futures: Sequence[Future[T]], catch: type[BaseException]
+) -> tuple[list[T], list[BaseException]]:
+    """The results of ``futures`` and the errors of type ``catch`` they raised (any other error
+    propagates at once), after waiting for every one.
+
+    Futures are awaited one by one (not ``concurrent.futures.wait``, which holds every
+    future's lock at once: a Ctrl-C or SIGTERM landing there could leave them locked)."""
+    results: list[T] = []
+    errors: list[BaseException] = []
+    for f in futures:
+        try:
+            results.append(f.result())
+        except catch as e:
+            errors.append(e)
+    return results, errors
 
 
 @contextlib.contextmanager
@@ -250,21 +259,11 @@ class RemoteEngine(Engine):
         """The dtype adapters are written in (fp32 unless a server says otherwise)."""
         return torch.float32
 
-    def generate_rows(
-        self,
-        prompts: Sequence[str],
-        adapters: LoraPopulation | None,
-        rows: Sequence[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
+    def generate_rows(self, request: TextRequest) -> list[str]:
         """The ``(member, prompt)`` rows' completions, in their order, whatever members they
         mix: one staged generation; re-run whole (fresh adapter names) after restarting a dead
         server."""
-        return self.with_restarts(
-            "re-running the generation",
-            lambda: self._generate_once(list(prompts), adapters, list(rows), sampling, seed),
-        )
+        return self.with_restarts("re-running the generation", lambda: self._generate_once(request))
 
     def with_restarts(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``; when the server is down (its process exited, or ServerDown), a launched one
@@ -286,14 +285,8 @@ class RemoteEngine(Engine):
                 self._restart(str(e), what)
         raise AssertionError("unreachable")
 
-    def _generate_once(
-        self,
-        prompts: list[str],
-        adapters: LoraPopulation | None,
-        rows: list[Row],
-        sampling: Sampling,
-        seed: int,
-    ) -> list[str]:
+    def _generate_once(self, request: TextRequest) -> list[str]:
+        prompts, adapters, rows = request.prompts, request.adapters, list(request.rows)
         self.generation += 1
         keys = ("write_s", "load_s", "build_s", "generate_s", "unload_s")
         t = dict.fromkeys(keys, 0.0)
@@ -311,7 +304,8 @@ class RemoteEngine(Engine):
                 name_of = dict(zip(members, names, strict=True))
             with timed(t, "build_s"):
                 texts = [prompts[p] for _, p in rows]
-                calls = self.build_calls(texts, [name_of.get(m) for m, _ in rows], sampling, seed)
+                names_of_rows = [name_of.get(m) for m, _ in rows]
+                calls = self.build_calls(texts, names_of_rows, request.sampling, request.seed)
             with timed(t, "generate_s"):
                 answers = self._send(calls)
             out: list[str | None] = [None] * len(rows)

@@ -390,32 +390,17 @@ def sglang_completion(row: dict[str, Any], stop: tuple[str, ...] = ()) -> Comple
 
 
 def sglang_servers(
-    model_path: str,
-    layout: LoraLayout,
-    options: RemoteOptions | None = None,
-    max_lora_rank: int | None = None,
-    lora_target_modules: Sequence[str] | None = None,
-    max_loras_per_batch: int = 8,
-    dtype: str = "auto",
-    attention_backend: str | None = "triton",
-    sampling_backend: str | None = "pytorch",
+    model_path: str, layout: LoraLayout, options: RemoteOptions | None = None, **common: Any
 ) -> Engine:
     """``server=sglang``: one :class:`SGLangEngine`, or a :class:`~evolm.server.fleet.Fleet`
     of them, one server per GPU, when ``options.url`` or ``options.cuda_devices`` is a list.
 
     ``url=[u1, u2]`` attaches to those servers; ``cuda_devices=[0, 1]`` launches one server per
     entry, each seeing that GPU alone (``CUDA_VISIBLE_DEVICES``; a fixed ``port`` p gives
-    p, p+1, ...). Every other option and argument is the same for each server.
+    p, p+1, ...). ``common``: the keywords of :class:`SGLangEngine` (its signature is the
+    config schema, :mod:`evolm.config`), the same for each server, as is every other option.
     """
     options = options or RemoteOptions(LAUNCH_MODULE)
-    common: dict[str, Any] = dict(
-        max_lora_rank=max_lora_rank,
-        lora_target_modules=lora_target_modules,
-        max_loras_per_batch=max_loras_per_batch,
-        dtype=dtype,
-        attention_backend=attention_backend,
-        sampling_backend=sampling_backend,
-    )
     url, cuda_devices, port = options.url, options.cuda_devices, options.port
     urls = None if url is None or isinstance(url, str) else [str(u) for u in url]
     gpus = None if cuda_devices is None or isinstance(cuda_devices, str | int) else cuda_devices

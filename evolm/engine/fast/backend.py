@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from evolm.engine.backend import TextRequest, TokenRequest
+from evolm.engine.backend import TokenRequest
+from evolm.engine.base import TextRequest
 from evolm.engine.fast.fp8 import fp8_shape_problem
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.model import FastModel

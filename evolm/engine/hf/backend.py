@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from evolm.engine.backend import TextRequest, TokenRequest
-from evolm.engine.base import Row, group_rows
+from evolm.engine.backend import TokenRequest
+from evolm.engine.base import Row, TextRequest, group_rows
 from evolm.engine.hf.generation import generate_tokens
 from evolm.engine.hf.multilora import MultiLoraLinear, load_population
 from evolm.engine.texts import Texts

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from evolm.engine.hf.multilora import MultiLoraLinear, load_population
+from evolm.engine.texts import Texts
+from evolm.lora.layout import LoraPopulation
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -125,3 +132,27 @@ def _chunks(rows: Sequence[Scored], max_tokens: int) -> list[list[Scored]]:
     if current:
         chunks.append(current)
     return chunks
+
+
+def kl_to_base(
+    model: PreTrainedModel,
+    texts: Texts,
+    layers: Sequence[MultiLoraLinear],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    adapter: LoraPopulation,
+) -> list[list[float]]:
+    """Per completion, the KL(adapted || base) of the next-token distributions that produced
+    it (:meth:`Engine.kl_to_base <evolm.engine.base.Engine.kl_to_base>`): a teacher-forced
+    forward of ``model``'s transformers modules with and without ``adapter``, loaded into its
+    wrapped projections ``layers`` (the local engine's fast path shares those weights; with
+    ``quantization=fp8`` these are the unquantized ones). The base is served again after."""
+    rows = [scored(texts.tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
+
+    def use(adapted: bool) -> None:
+        load_population(layers, adapter if adapted else None, model.device, model.dtype)
+
+    try:
+        return kl_along(model, rows, use, texts.pad_id)
+    finally:
+        use(False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from evolm.task.countdown.reward import TOLERANCE, format_target, paper_prompt, 
 
 __all__ = [
     "FIELDS",
+    "PuzzleLimits",
     "apply_operator",
     "chain_expression",
     "generate_puzzle",
@@ -121,50 +123,75 @@ def solve_chain(
     return None
 
 
-def generate_puzzle(
-    rng: random.Random,
-    *,
-    min_numbers: int = 3,
-    max_numbers: int = 4,
-    max_value: int = 100,
-    max_target: int = 1000,
-    max_denominator: int = 1,
-    allow_negative: bool = False,
-) -> tuple[list[int], Fraction, str]:
-    """One puzzle ``(numbers, exact target, solution)`` drawn from ``rng``.
+@dataclass(frozen=True)
+class PuzzleLimits:
+    """What a generated puzzle may be (:func:`generate_puzzles` says what each field means),
+    checked at construction: each bad value is a ConfigError naming its key."""
 
-    See :func:`generate_puzzles` for the parameters. Raises ``RuntimeError`` if no puzzle meets
-    the constraints within 10,000 attempts (only with unusually tight constraints).
+    min_numbers: int = 3
+    max_numbers: int = 4
+    max_value: int = 100
+    max_target: int = 1000
+    max_denominator: int = 1
+    allow_negative: bool = False
+
+    def __post_init__(self) -> None:
+        lo, hi = self.min_numbers, self.max_numbers
+        _check(
+            2 <= lo <= hi,
+            "min_numbers",
+            f"need 2 <= min_numbers <= max_numbers, got {lo}..{hi}",
+            "use e.g. min_numbers=3, max_numbers=4",
+        )
+        _check(
+            self.max_value >= 2, "max_value", f"must be >= 2, got {self.max_value}", "use e.g. 100"
+        )
+        _check(
+            self.max_target >= 0,
+            "max_target",
+            f"must be >= 0, got {self.max_target}",
+            "use e.g. 1000",
+        )
+        _check(
+            self.max_denominator >= 1,
+            "max_denominator",
+            f"must be >= 1, got {self.max_denominator}",
+            "use 1 for integer-only arithmetic",
+        )
+
+
+def generate_puzzle(
+    rng: random.Random, limits: PuzzleLimits = PuzzleLimits()
+) -> tuple[list[int], Fraction, str]:
+    """One puzzle ``(numbers, exact target, solution)`` drawn from ``rng`` within ``limits``.
+
+    See :func:`generate_puzzles`. Raises ``RuntimeError`` if no puzzle meets the limits within
+    10,000 attempts (only with unusually tight limits).
     """
+    max_value, max_target = limits.max_value, limits.max_target
     max_intermediate = max(max_target, (max_value - 1) ** 2)
     for _ in range(_MAX_ATTEMPTS):
-        count = rng.randint(min_numbers, max_numbers)
+        count = rng.randint(limits.min_numbers, limits.max_numbers)
         numbers = [rng.randint(1, max_value - 1) for _ in range(count)]
-        tree = _try_tree(rng, numbers, max_intermediate, max_denominator)
+        tree = _try_tree(rng, numbers, max_intermediate, limits.max_denominator)
         if tree is None:
             continue
         value, solution = tree
-        if abs(value) > max_target or (value < 0 and not allow_negative):
+        if abs(value) > max_target or (value < 0 and not limits.allow_negative):
             continue
         return numbers, value, solution
     raise RuntimeError(
         f"no Countdown puzzle met the constraints in {_MAX_ATTEMPTS} attempts "
-        f"(max_target={max_target}, max_denominator={max_denominator}); loosen them"
+        f"(max_target={max_target}, max_denominator={limits.max_denominator}); loosen them"
     )
 
 
-def generate_puzzles(
-    n: int,
-    seed: int,
-    *,
-    min_numbers: int = 3,
-    max_numbers: int = 4,
-    max_value: int = 100,
-    max_target: int = 1000,
-    max_denominator: int = 1,
-    allow_negative: bool = False,
-) -> list[dict[str, Any]]:
+def generate_puzzles(n: int, seed: int, **limits: Any) -> list[dict[str, Any]]:
     """``n`` Countdown puzzles, solvable by construction; the same ``seed`` gives the same list.
+
+    ``limits`` are keywords, the fields of :class:`PuzzleLimits` (defaults: 3 to 4 numbers,
+    ``max_value`` 100, ``max_target`` 1000, ``max_denominator`` 1, no negative targets; each
+    checked before any puzzle is drawn).
 
     Each puzzle draws ``min_numbers``..``max_numbers`` numbers uniformly from
     ``1..max_value - 1`` (the default 100 gives the paper's range 1..99; repeats allowed), then
@@ -181,37 +208,15 @@ def generate_puzzles(
     fully parenthesised tree, e.g. ``"((44 + 19) + 35)"``).
     """
     _check(n >= 0, "n", f"must be >= 0, got {n}", "ask for a non-negative number of puzzles")
-    _check(
-        2 <= min_numbers <= max_numbers,
-        "min_numbers",
-        f"need 2 <= min_numbers <= max_numbers, got {min_numbers}..{max_numbers}",
-        "use e.g. min_numbers=3, max_numbers=4",
-    )
-    _check(max_value >= 2, "max_value", f"must be >= 2, got {max_value}", "use e.g. 100")
-    _check(max_target >= 0, "max_target", f"must be >= 0, got {max_target}", "use e.g. 1000")
-    _check(
-        max_denominator >= 1,
-        "max_denominator",
-        f"must be >= 1, got {max_denominator}",
-        "use 1 for integer-only arithmetic",
-    )
-    constraints = {
-        "min_numbers": min_numbers,
-        "max_numbers": max_numbers,
-        "max_value": max_value,
-        "max_target": max_target,
-        "max_denominator": max_denominator,
-        "allow_negative": allow_negative,
-    }
-    return list(itertools.islice(tree_records(seed, **constraints), n))
+    return list(itertools.islice(tree_records(seed, PuzzleLimits(**limits)), n))
 
 
-def tree_records(seed: int, **constraints: Any) -> Iterator[dict[str, Any]]:
+def tree_records(seed: int, limits: PuzzleLimits = PuzzleLimits()) -> Iterator[dict[str, Any]]:
     """The endless stream of :func:`generate_puzzles` records (``id`` 0, 1, ...): its first
-    ``n`` are ``generate_puzzles(n, seed)``; ``constraints`` are :func:`generate_puzzle`'s."""
+    ``n`` are ``generate_puzzles(n, seed)`` (with the fields of ``limits``)."""
     rng = random.Random(seed)
     for i in itertools.count():
-        numbers, value, solution = generate_puzzle(rng, **constraints)
+        numbers, value, solution = generate_puzzle(rng, limits)
         yield puzzle_record(i, numbers, value, solution)
 
 
