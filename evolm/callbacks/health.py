@@ -283,19 +283,25 @@ class LearningMonitor(Callback):
             n=self.fell,
             samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
         )
-        self.reported.add(FELL)
-        ctx.tags[TAG] = FELL
+        self._tell(ctx, FELL, message, f"THIS RUN IS GAMING ITS REWARD ({ACCURACY})", record)
+
+    def _tell(
+        self,
+        ctx: RunContext,
+        condition: str,
+        message: str,
+        headline: str,
+        record: Mapping[str, float],
+    ) -> None:
+        """Tag the run with ``condition``, then stop it (``abort``) or warn, once."""
+        self.reported.add(condition)
+        ctx.tags[TAG] = condition
         if self.abort:
             raise RunAborted(
                 f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
                 f"{record[M.GENERATION]}"
             )
-        log.warning(
-            "THIS RUN IS GAMING ITS REWARD (%s): %s. Set callbacks.health.abort=true to stop "
-            "such runs.",
-            ACCURACY,
-            message,
-        )
+        log.warning("%s: %s. Set callbacks.health.abort=true to stop such runs.", headline, message)
 
     def _report_shortcut(
         self, ctx: RunContext, generation: int, evaluation: Mapping[str, float]
@@ -318,17 +324,8 @@ class LearningMonitor(Callback):
             lift_now=_share(evaluation, LIFT),
             samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
         )
-        self.reported.add(SHORTCUT)
-        ctx.tags[TAG] = SHORTCUT
-        if self.abort:
-            raise RunAborted(
-                f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
-                f"{generation}"
-            )
-        log.warning(
-            "THIS RUN IS LEARNING A SHORTCUT: %s. Set callbacks.health.abort=true to stop such "
-            "runs.",
-            message,
+        self._tell(
+            ctx, SHORTCUT, message, "THIS RUN IS LEARNING A SHORTCUT", {M.GENERATION: generation}
         )
 
     def _check_nonfinite(self, record: Record) -> None:
