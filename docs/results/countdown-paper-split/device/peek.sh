@@ -1,0 +1,11 @@
+#!/bin/bash
+# Keep the lease busy and show where the runs are: bash peek.sh SECONDS NAME...
+# (the machine is given back after 30 idle seconds, and what it holds is lost: chain the calls)
+sleep $1; shift; cd /root/runs
+for r in "$@"; do echo "== $r"; grep -h -E "generation|Error|error|WARN" $r.log 2>/dev/null | tail -n 2 | cut -c25-300; done
+nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
+for r in "$@"; do grep -h '"eval/accuracy_mean"' $r/results.jsonl 2>/dev/null | python3 -c "
+import json,sys
+keys=('accuracy_mean','accuracy_lift','blind_accuracy','closeness_mean','format_reward_mean','completion_tokens')
+for l in sys.stdin:
+    d=json.loads(l); print('$r', d['generation'], {k:round(d['eval/'+k],3) for k in keys if 'eval/'+k in d})"; done
