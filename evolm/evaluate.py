@@ -13,6 +13,7 @@ from evolm.diagnostics import RowStats, completion_stats, summarize
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine, TextRequest
 from evolm.lora.layout import LoraPopulation
+from evolm.sampling import Sampling
 from evolm.task.base import Example, Scores, Task
 
 
@@ -44,20 +45,21 @@ def evaluate(
     adapters: LoraPopulation | None,
     seed: int,
     comm: Comm = SINGLE,
+    sampling: Sampling | None = None,
 ) -> Evaluation:
-    """Generate every member's completions in one engine call and score them in one batch.
+    """Generate every member's completions in one engine call and score them in one batch
+    (decoded with ``sampling``; ``None``: the task's).
 
     In a process group (``comm``), each rank generates its shard of the (member, prompt) rows
     (:meth:`Comm.shard`: interleaved) and every rank ends with every row's scores (one
     all-gather), so every rank returns the same :class:`Evaluation` as one process would;
     ``completions`` then holds only this rank's rows (others are empty strings).
     """
+    sampling = sampling or task.sampling
     if comm.world_size > 1:
-        return _evaluate_sharded(engine, task, examples, adapters, seed, comm)
+        return _evaluate_sharded(engine, task, examples, adapters, seed, comm, sampling)
     start = time.perf_counter()
-    completions = engine.generate(
-        [render(engine, e) for e in examples], adapters, task.sampling, seed
-    )
+    completions = engine.generate([render(engine, e) for e in examples], adapters, sampling, seed)
     generated = time.perf_counter()
     flat = [c for member in completions for c in member]
     scores = task.score(list(examples) * len(completions), flat)
@@ -114,6 +116,7 @@ def _evaluate_sharded(
     adapters: LoraPopulation | None,
     seed: int,
     comm: Comm,
+    sampling: Sampling,
 ) -> Evaluation:
     """:func:`evaluate` over a process group: this rank's rows, then one all-gather."""
     start = time.perf_counter()
@@ -121,7 +124,7 @@ def _evaluate_sharded(
     rows = [(m, p) for m in range(members) for p in range(n_prompts)]
     mine = comm.shard(rows)
     prompts = [render(engine, e) for e in examples]
-    request = TextRequest(prompts, adapters, mine, task.sampling, seed)
+    request = TextRequest(prompts, adapters, mine, sampling, seed)
     texts = engine.generate_rows(request) if mine else []
     generated = time.perf_counter()
     if task.row_scores:  # each rank scores its rows; one all-gather of scores and stats

@@ -27,7 +27,7 @@ from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
 from evolm.interrupt import deferred
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.norms import delta_norm
-from evolm.task.base import Task
+from evolm.task.base import Task, eval_sampling
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +54,22 @@ def eval_metrics(
     scores and diagnostics, its KL to the base (``kl``, where the engine scores it) and every
     extra eval task's (``eval/<name>/*``: what training costs on tasks it does not train)."""
     examples = task.eval_examples()
-    ev = evaluate(engine, task, examples, adapter, seed, comm)
+    ev = evaluate(engine, task, examples, adapter, seed, comm, eval_sampling(task))
     metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
     metrics |= {M.eval_diagnostic(k): v for k, v in ev.diagnostics.items()}
     if kl:
         found = kl_to_base(engine, examples, ev.completions[0], adapter, comm)
         metrics |= {M.eval_diagnostic(k): v for k, v in found.items()}
     for name, extra_task in (extra_evals or {}).items():
-        extra = evaluate(engine, extra_task, extra_task.eval_examples(), adapter, seed, comm)
+        extra = evaluate(
+            engine,
+            extra_task,
+            extra_task.eval_examples(),
+            adapter,
+            seed,
+            comm,
+            eval_sampling(extra_task),
+        )
         metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
         metrics |= {M.extra_eval_diagnostic(name, k): v for k, v in extra.diagnostics.items()}
     return metrics, ev

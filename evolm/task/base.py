@@ -209,6 +209,13 @@ def read_jsonl_lines(
 T = TypeVar("T")
 
 
+def eval_sampling(task: Task) -> Sampling:
+    """How the mean's evaluations decode: the task's ``eval_sampling`` where it has one (e.g.
+    greedy evaluations of members that sample), else its ``sampling``."""
+    found = getattr(task, "eval_sampling", None)
+    return found if isinstance(found, Sampling) else task.sampling
+
+
 def cycling_window(items: Sequence[T], generation: int, size: int) -> list[T]:
     """The ``generation``-th (1-based) window of ``size`` consecutive items, wrapping around.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from evolm import metrics as M
@@ -147,6 +148,9 @@ class Countdown(Task):
             prompt's first sentence), a user message (the rest) and the assistant prefix
             ``"Let me solve this step by step.\\n<think>"``.
         max_new_tokens, temperature, top_p: decoding (the paper: 1024 tokens, greedy).
+        eval_temperature: the temperature of the mean's evaluations (``eval_sampling``);
+            ``None``: ``temperature``. E.g. members that sample (``temperature=0.7``), a mean
+            evaluated greedily (``eval_temperature=0``).
         stop: stop strings (:attr:`~evolm.sampling.Sampling.stop`), e.g. ``["</answer>"]``: a
             completion ends with its first answer block. The paper's reward reads the LAST
             answer block, so this changes what is scored only for completions that write a
@@ -185,6 +189,7 @@ class Countdown(Task):
         blind_baseline: bool = False,
         format_weight: float = 0.1,
         closeness_weight: float = 0.0,
+        eval_temperature: float | None = None,
     ) -> None:
         for key, weight in (
             ("format_weight", format_weight),
@@ -196,6 +201,15 @@ class Countdown(Task):
         self.weights = (format_weight, closeness_weight)
         stop = stop if isinstance(stop, str) else tuple(stop)  # a bare string: Sampling refuses
         self.sampling = Sampling(max_new_tokens, temperature, top_p, stop=stop)  # type: ignore[arg-type]
+        if eval_temperature is not None and not eval_temperature >= 0:
+            raise ConfigError(
+                "task.eval_temperature", f"must be >= 0, got {eval_temperature}", "0 for greedy"
+            )
+        self.eval_sampling = (
+            self.sampling
+            if eval_temperature is None
+            else replace(self.sampling, temperature=eval_temperature)
+        )
         self.chat_template = chat_template
         check_source(generator, drop_templates, target_min, target_max)
         _check_counts(samples_per_generation, eval_samples)
