@@ -34,10 +34,10 @@ def test_eval_temperature_sets_the_means_decoding_only() -> None:
         Countdown(**SMALL, eval_temperature=-1.0)
 
 
-def test_members_sample_while_the_mean_is_evaluated_greedily(countdown_model_dir: str) -> None:
-    config = AutoConfig.from_pretrained(countdown_model_dir)
+def test_members_sample_while_the_mean_is_evaluated_greedily(tiny_model_dir: str) -> None:
+    config = AutoConfig.from_pretrained(tiny_model_dir)
     layout = LoraLayout.from_hf_config(config, LoraSpec(rank=2))
-    engine = LocalEngine(countdown_model_dir, layout, device="cpu")
+    engine = LocalEngine(tiny_model_dir, layout, device="cpu")
     mean = LoraPopulation.single(layout, [torch.zeros(s) for s in layout.shapes()])
     greedy = Countdown(**SMALL)
     sampled = Countdown(**SMALL, temperature=1.0)
