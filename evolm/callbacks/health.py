@@ -283,7 +283,8 @@ class LearningMonitor(Callback):
             n=self.fell,
             samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
         )
-        self._tell(ctx, FELL, message, f"THIS RUN IS GAMING ITS REWARD ({ACCURACY})", record)
+        headline = f"THIS RUN IS GAMING ITS REWARD ({ACCURACY})"
+        self._tell(ctx, FELL, message, headline, record[M.GENERATION])
 
     def _tell(
         self,
@@ -291,17 +292,20 @@ class LearningMonitor(Callback):
         condition: str,
         message: str,
         headline: str,
-        record: Mapping[str, float],
+        generation: float,
+        advise: bool = True,
     ) -> None:
-        """Tag the run with ``condition``, then stop it (``abort``) or warn, once."""
+        """Tag the run with ``condition``, then stop it (``abort``) or warn, once (``advise``:
+        the warning ends by saying how to stop such runs)."""
         self.reported.add(condition)
         ctx.tags[TAG] = condition
         if self.abort:
             raise RunAborted(
                 f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
-                f"{record[M.GENERATION]}"
+                f"{generation}"
             )
-        log.warning("%s: %s. Set callbacks.health.abort=true to stop such runs.", headline, message)
+        advice = " Set callbacks.health.abort=true to stop such runs." if advise else ""
+        log.warning("%s: %s.%s", headline, message, advice)
 
     def _report_shortcut(
         self, ctx: RunContext, generation: int, evaluation: Mapping[str, float]
@@ -324,9 +328,7 @@ class LearningMonitor(Callback):
             lift_now=_share(evaluation, LIFT),
             samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
         )
-        self._tell(
-            ctx, SHORTCUT, message, "THIS RUN IS LEARNING A SHORTCUT", {M.GENERATION: generation}
-        )
+        self._tell(ctx, SHORTCUT, message, "THIS RUN IS LEARNING A SHORTCUT", generation)
 
     def _check_nonfinite(self, record: Record) -> None:
         """Stop the run when more than ``max_nonfinite`` of the members had no finite fitness."""
@@ -342,34 +344,20 @@ class LearningMonitor(Callback):
         )
 
     def _report(self, ctx: RunContext, condition: str, record: Record) -> None:
-        self.reported.add(condition)
         message = ADVICE[condition].format(
             fitness=f"{record[M.FITNESS_MEAN]:.6g}",
             n=self.streaks[condition],
             learned=self.learned,
             **self._gaming_figures(condition, record),
         )
-        ctx.tags[TAG] = condition
-        if self.abort:
-            raise RunAborted(
-                f"{message}. The run was stopped (callbacks.health.abort=true) at generation "
-                f"{record[M.GENERATION]}"
-            )
-        if condition == "members_stalled":
-            log.warning("THIS RUN HAS STOPPED LEARNING: %s.", message)
-            return
-        if condition in GAMING:
-            log.warning(
-                "THIS RUN IS GAMING ITS REWARD (%s): %s. Set callbacks.health.abort=true to stop "
-                "such runs.",
-                M.train_diagnostic(GAMING[condition]),
-                message,
-            )
-            return
-        log.warning(
-            "THIS RUN IS NOT LEARNING: %s. Set callbacks.health.abort=true to stop such runs.",
-            message,
-        )
+        generation = record[M.GENERATION]
+        if condition == "members_stalled":  # its advice already says how to stop such runs
+            self._tell(ctx, condition, message, "THIS RUN HAS STOPPED LEARNING", generation, False)
+        elif condition in GAMING:
+            headline = f"THIS RUN IS GAMING ITS REWARD ({M.train_diagnostic(GAMING[condition])})"
+            self._tell(ctx, condition, message, headline, generation)
+        else:
+            self._tell(ctx, condition, message, "THIS RUN IS NOT LEARNING", generation)
 
     def _gaming_figures(self, condition: str, record: Record) -> dict[str, str]:
         """The numbers a reward-gaming message quotes (none for the other conditions)."""

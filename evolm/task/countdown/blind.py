@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evolm.task.countdown.reward import TOLERANCE
+from evolm.task.countdown.reward import TOLERANCE, closeness_of
 from evolm.task.countdown.shortcuts import placed
 
 __all__ = ["BlindRates", "form_tokens"]
@@ -117,11 +117,10 @@ class BlindRates:
         if key not in self._rates:
             columns, targets = self._pools[size][order], self._pools[size][2]
             values = _evaluate(form, columns)
-            with np.errstate(invalid="ignore", over="ignore"):
-                error = np.abs(values - targets)
-                near = 1.0 - error / np.maximum(np.abs(targets), 1.0)
-            near = np.where(np.isfinite(near), np.clip(near, 0.0, None), 0.0)
-            self._rates[key] = float(np.mean(error < TOLERANCE)), float(np.mean(near))
+            with np.errstate(invalid="ignore"):
+                correct = np.abs(values - targets) < TOLERANCE
+            near = closeness_of(values, targets)
+            self._rates[key] = float(np.mean(correct)), float(np.mean(near))
         return self._rates[key]
 
 

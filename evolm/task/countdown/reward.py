@@ -34,6 +34,9 @@ from collections.abc import Sequence
 from fractions import Fraction
 from numbers import Integral, Rational
 
+import numpy as np
+from numpy.typing import ArrayLike
+
 __all__ = [
     "FORMAT_VALUES",
     "MAX_DEPTH",
@@ -270,12 +273,14 @@ def answer_reward(completion: str, numbers: Sequence[int], target: float | int |
     return 1.0 if abs(value - goal) < TOLERANCE else 0.0
 
 
-def closeness_of(value: float, target: float) -> float:
+def closeness_of(value: ArrayLike, target: ArrayLike) -> np.ndarray:
     """``max(0, 1 - |value - target| / max(|target|, 1))``: 1 at the target, falling linearly
-    to 0 at a relative error of 100% (0 for NaN or inf)."""
-    if not math.isfinite(value):
-        return 0.0
-    return max(0.0, 1.0 - abs(value - target) / max(abs(target), 1.0))
+    to 0 at a relative error of 100% (0 for NaN or inf); elementwise over floats or arrays (the
+    blind baseline takes a form's over every puzzle at once)."""
+    value, target = np.asarray(value, dtype=np.float64), np.asarray(target, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        near = 1.0 - np.abs(value - target) / np.maximum(np.abs(target), 1.0)
+    return np.where(np.isfinite(near), np.clip(near, 0.0, None), 0.0)
 
 
 def closeness(completion: str, numbers: Sequence[int], target: float | int | str) -> float:
@@ -286,7 +291,7 @@ def closeness(completion: str, numbers: Sequence[int], target: float | int | str
     if value is None:
         return 0.0
     try:
-        return closeness_of(float(value), parse_target(target))
+        return float(closeness_of(float(value), parse_target(target)))
     except OverflowError:  # a value beyond any float is nowhere near a target
         return 0.0
 
