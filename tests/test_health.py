@@ -285,25 +285,53 @@ def test_accuracy_that_rises_beyond_shortcuts_too_is_not_a_shortcut(tmp_path: Pa
     assert not evals(tmp_path, NOTHING, NOTHING).tags  # no rise at all
 
 
-def test_a_shortcut_is_told_from_the_template_share_and_aborts_with_abort(tmp_path: Path) -> None:
+def test_a_shortcut_is_told_from_the_lift_where_the_templates_look_fine(tmp_path: Path) -> None:
+    """Sums everywhere but one out-of-order +/- puzzle: beyond shortcuts rose by a third of the
+    accuracy and 3 of 7 is as much as the best fixed rule, yet the sums' forms, written blindly,
+    score 2 of the 3: the lift (a third of the rise) says shortcut."""
     mostly_sums = [*SUMS[:2], "10 - 3 + 5", *SUMS[3:]]  # 1 of 3 non-template puzzles solved
     ev = countdown_eval(mostly_sums)
     assert ev["eval/accuracy_beyond_shortcuts"] == 1 / 3 and ev["eval/template_share"] == 2 / 3
-    # beyond shortcuts rose enough, and 3 of 7 is as much as the best fixed rule scores
     assert ev["eval/accuracy_mean"] == ev["eval/shortcut_accuracy"] == 3 / 7
-    assert not evals(tmp_path, NOTHING, mostly_sums).tags
-    fewer = [*mostly_sums[:4], None, None, SUMS[6]]  # the same less SUM4's sum: 2 of 7
-    assert evals(tmp_path, NOTHING, fewer).tags[TAG] == "shortcut"  # below one fixed rule
+    assert ev["eval/accuracy_lift"] == pytest.approx(1 / 7)
+    assert evals(tmp_path, NOTHING, mostly_sums).tags[TAG] == "shortcut"
     with pytest.raises(RunAborted, match=r"rose from 0\.0% to 28\.6%"):
         evals(tmp_path, NOTHING, SUMS, abort=True)
-    for share, reported in ((0.95, True), (0.85, False)):  # beyond rose by a third of 0.3
+
+
+def test_without_a_lift_the_template_figures_decide(tmp_path: Path) -> None:
+    """An eval that reports no accuracy lift (a task without the blind baseline) is judged by
+    the proxies: the share of template answers, and the best fixed rule."""
+    first = {"eval/accuracy_mean": 0.0, "eval/accuracy_beyond_shortcuts": 0.0}
+    now = {"eval/accuracy_mean": 0.3, "eval/accuracy_beyond_shortcuts": 0.1}  # a third: enough
+    for extra, reported in (
+        ({"eval/template_share": 0.95}, True),
+        ({"eval/template_share": 0.85}, False),
+        ({"eval/shortcut_accuracy": 0.35}, True),  # below one fixed rule
+        ({"eval/shortcut_accuracy": 0.25}, False),
+    ):
         monitor, ctx = LearningMonitor(), context(tmp_path)
-        first = {"eval/accuracy_mean": 0.0, "eval/accuracy_beyond_shortcuts": 0.0}
-        now = {"eval/accuracy_mean": 0.3, "eval/accuracy_beyond_shortcuts": 0.1}
         monitor.on_generation_end(ctx, GenerationRecord(0, eval=first), None)  # type: ignore[arg-type]
-        later = replace(record(1, 0.3), eval={**now, "eval/template_share": share})
+        later = replace(record(1, 0.3), eval={**now, **extra})
         monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
-        assert (TAG in ctx.tags) == reported, share
+        assert (TAG in ctx.tags) == reported, extra
+
+
+def test_a_search_the_lift_explains_is_not_a_shortcut(tmp_path: Path) -> None:
+    """Issue 36's 1.5B under the paper's effective reward, generation 12 (its figures): below
+    the best fixed rule, 56% of its correct answers template-shaped, beyond shortcuts up by
+    less than a third, but the lift rose with the accuracy: the model checks candidates
+    against the target. The same figures with the lift flat are a shortcut."""
+    first = {"eval/accuracy_mean": 0.0255, "eval/accuracy_beyond_shortcuts": 0.008,
+             "eval/template_share": 0.843, "eval/accuracy_lift": 0.0112}  # fmt: skip
+    now = {"eval/accuracy_mean": 0.174, "eval/accuracy_beyond_shortcuts": 0.052,
+           "eval/template_share": 0.56, "eval/shortcut_accuracy": 0.175}  # fmt: skip
+    for lift, reported in ((0.128, False), (0.03, True)):
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        monitor.on_generation_end(ctx, GenerationRecord(0, eval=first), None)  # type: ignore[arg-type]
+        later = replace(record(1, 0.3), eval={**now, "eval/accuracy_lift": lift})
+        monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
+        assert (TAG in ctx.tags) == reported, lift
 
 
 def test_accuracy_that_the_answers_forms_explain_is_a_shortcut(tmp_path: Path) -> None:

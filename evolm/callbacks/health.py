@@ -22,16 +22,21 @@ answering nothing (or for never stopping): ``THIS RUN IS GAMING ITS REWARD``, na
 
 A run that learns a shortcut (``shortcut``) is told so at an evaluation of the mean: when the
 held-out accuracy (``eval/accuracy_mean``) has risen by ``shortcut_rise`` or more above the
-run's first evaluation while the accuracy on the puzzles no answer template solves
-(``eval/accuracy_beyond_shortcuts``) rose by less than a quarter of that, or while
+run's first evaluation while the accuracy lift (``eval/accuracy_lift``: the accuracy minus what
+the mean's own answer forms score written without reading the target,
+:mod:`evolm.task.countdown.blind`) rose by less than half of that (:data:`LIFT_SHARE`):
+``THIS RUN IS LEARNING A SHORTCUT``, quoting the numbers. Issue 36's 1.5B rose from 2.5% to
+13.9% writing size-ranked sign rules (lift +1.1 -> +0.5 points); with the paper's effective
+reward it rose to 17.4% by checking candidates against the target (lift +1.1 -> +12.8), still
+below the best fixed rule (17.5%) and with 56% of its correct answers template-shaped: the lift
+tells the two apart where the template figures cannot. Where the eval reports no lift, the
+proxies decide: the accuracy on the puzzles no answer template solves
+(``eval/accuracy_beyond_shortcuts``) rose by less than a quarter of the rise, or
 :data:`TEMPLATE_SHARE_ALARM` or more of the correct answers are template answers
-(``eval/template_share``), or while it is still below what the best fixed rule alone scores
-(``eval/shortcut_accuracy``, over the puzzle's order and the numbers ranked by size: issue 36's
-1.5B rose from 2.5% to 13.9% writing size-ranked sign rules whose best scores 17.5%), or while
-the accuracy lift (``eval/accuracy_lift``: the accuracy minus what the mean's own answer forms
-score written without reading the target, :mod:`evolm.task.countdown.blind`) rose by less than
-a quarter of the rise: ``THIS RUN IS LEARNING A SHORTCUT``, quoting the numbers. The names
-are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is watched.
+(``eval/template_share``), or the accuracy is still below what the best fixed rule alone
+scores (``eval/shortcut_accuracy``, over the puzzle's order and the numbers ranked by size).
+The names are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is
+watched.
 
 A run paid for something other than its task (``accuracy_fell``) is told so when, at
 :data:`FELL_EVALS` evaluations in a row, the population's fitness is above its first
@@ -114,6 +119,9 @@ TEMPLATE_SHARE_ALARM = 0.9
 shortcut whatever the other puzzles do."""
 BEYOND_SHARE = 0.25
 """Accuracy beyond shortcuts must rise by at least this share of the accuracy's rise."""
+LIFT_SHARE = 0.5
+"""Where the eval reports the accuracy lift, it must account for at least this share of the
+accuracy's rise; it then decides alone (the template figures are its proxies)."""
 ACCURACY = M.eval_score(M.CORRECT_SCORE)
 BEYOND = M.eval_diagnostic(M.ACCURACY_BEYOND_SHORTCUTS)
 TEMPLATES = M.eval_diagnostic(M.TEMPLATE_SHARE)
@@ -238,9 +246,9 @@ class LearningMonitor(Callback):
 
     def _shortcut(self, evaluation: Mapping[str, float]) -> bool:
         """Whether the held-out accuracy has risen by ``shortcut_rise`` since the first eval
-        while the accuracy beyond shortcuts has not followed, or while nearly every correct
-        answer is a template answer, or while one fixed rule would still score more (the first
-        eval with an accuracy is the baseline)."""
+        (the baseline) while the accuracy lift has not followed; where no lift is reported,
+        while the accuracy beyond shortcuts has not followed, or nearly every correct answer is
+        a template answer, or one fixed rule would still score more."""
         if ACCURACY not in evaluation:
             return False
         first = self.first_eval
@@ -250,12 +258,13 @@ class LearningMonitor(Callback):
         rise = evaluation[ACCURACY] - first[ACCURACY]
         if not rise >= self.shortcut_rise:  # NaN: no
             return False
-        beyond = evaluation.get(BEYOND, math.nan) - first.get(BEYOND, math.nan)
         lift = evaluation.get(LIFT, math.nan) - first.get(LIFT, math.nan)
+        if not math.isnan(lift):  # measured: what choosing per puzzle added, the direct test
+            return lift < LIFT_SHARE * rise
+        beyond = evaluation.get(BEYOND, math.nan) - first.get(BEYOND, math.nan)
         below_a_rule = evaluation[ACCURACY] < evaluation.get(BEST_TEMPLATE, -math.inf)
         return (
             bool(beyond < BEYOND_SHARE * rise)
-            or bool(lift < BEYOND_SHARE * rise)
             or evaluation.get(TEMPLATES, 0.0) >= TEMPLATE_SHARE_ALARM
             or below_a_rule
         )
