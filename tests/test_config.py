@@ -48,7 +48,8 @@ def test_overlays_compose_and_override_the_root(tmp_path: Path) -> None:
     assert (paper.generations, paper.es.sigma, paper.task.max_new_tokens) == (1000, 0.001, 100)
     q15 = compose_config(["experiment=qwen15_paper_countdown", f"output_dir={tmp_path}"])
     assert q15.model.name == "qwen2.5-coder-1.5b-instruct"  # the 0.5B run's settings otherwise
-    assert (q15.task.chat_template, q15.task.drop_templates) == (True, "train")
+    assert (q15.task.chat_template, q15.task.drop_templates) == (True, None)
+    assert q15.task.format_weight == 0.0  # the paper's effective reward: the answer alone
     assert q15.task.samples_per_generation is None and q15.extra_evals.tree_free.chat_template
 
 
