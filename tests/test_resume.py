@@ -151,6 +151,27 @@ def assert_untouched(run_dir: Path, before: dict[str, bytes]) -> None:
     assert run_files(run_dir) == before
 
 
+def test_a_run_stopped_by_its_time_budget_is_extended_by_a_resume(
+    fast_run: Path, tmp_path: Path
+) -> None:
+    """``time_budget_s`` stops the run after generation 1 and checkpoints it there; a resume
+    that raises the budget (a key a resume may change) runs generations 2-3 and ends as the
+    uninterrupted run did, and the run's config.yaml keeps the new budget."""
+    run_dir = tmp_path / "budget"
+    args = ["debug=fast", "logger=none", f"hydra.run.dir={run_dir}", "time_budget_s=0.001"]
+    first = run_cli(args, timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert read_results(run_dir)[-1]["generation"] == 1
+    assert (run_dir / "checkpoints" / "gen-000001.pt").is_file()
+    resumed = run_cli([f"resume={run_dir}", "time_budget_s=1000"], timeout=120)
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert "resume: time_budget_s 0.001 -> 1000" in out and "at generation 1" in out
+    assert without_times(read_results(run_dir)) == without_times(read_results(fast_run))
+    assert (run_dir / ADAPTER).read_bytes() == (fast_run / ADAPTER).read_bytes()
+    assert "time_budget_s: 1000" in (run_dir / "config.yaml").read_text()
+
+
 @pytest.mark.parametrize(
     "override",
     [

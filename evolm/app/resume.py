@@ -19,15 +19,26 @@ from evolm.preflight import trust
 
 log = logging.getLogger(__name__)
 
+EXTENDABLE = ("time_budget_s", "eval_every", "eval_every_s")
+"""Run-wide keys a resume may change: when the run stops and when it evaluates the mean, never
+what a generation does (``resume=RUN time_budget_s=3600`` continues a run that stopped at its
+time budget). The run's ``config.yaml`` is rewritten with them, so a later resume keeps them."""
+
+
+def extending(overrides: list[str] | None) -> list[str]:
+    """The :data:`EXTENDABLE` keys that the command line's ``overrides`` set."""
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides or []]
+    return [k for k in EXTENDABLE if k in keys]
+
 
 def resumed_config(
     cfg: DictConfig, trusted: tuple[str, ...] = trust.DEFAULT, comm: dist.Comm = dist.SINGLE
 ) -> DictConfig:
     """The resolved ``config.yaml`` of the run ``cfg.resume``, which continues exactly as it was
-    configured: other command-line overrides (but ``trusted_targets``) are rejected (they would
-    change the run). The file is data: its ``_target_`` s must be in ``trusted`` (the command
-    line's trust list, not the file's). In a process group rank 0 reads it and sends it to the
-    others (their nodes need not see it)."""
+    configured: other command-line overrides (but ``trusted_targets`` and :data:`EXTENDABLE`)
+    are rejected (they would change the run). The file is data: its ``_target_`` s must be in
+    ``trusted`` (the command line's trust list, not the file's). In a process group rank 0
+    reads it and sends it to the others (their nodes need not see it)."""
     run_dir = Path(cfg.resume).expanduser()
     path = run_dir / "config.yaml"
     text = comm.broadcast(
@@ -40,7 +51,7 @@ def resumed_config(
             "point resume at a run directory, e.g. resume=outputs/runs/2026-11-21/07-15-13",
         )
     task_overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    keep = ("resume", trust.KEY, "resume_on_new_data")
+    keep = ("resume", trust.KEY, "resume_on_new_data", *EXTENDABLE)
     others = [o for o in task_overrides if o.lstrip("+~").split("=", 1)[0] not in keep]
     if others:
         raise ConfigError(
@@ -49,6 +60,9 @@ def resumed_config(
             f"drop them: python -m evolm resume={cfg.resume}, or start a new run with them",
         )
     resumed = load_run_config(path, text)
+    for key in extending(task_overrides):
+        log.info("resume: %s %s -> %s (the command line's)", key, resumed.get(key), cfg[key])
+        resumed[key] = cfg[key]
     resumed.output_dir = str(run_dir.resolve())  # the run continues where it is now
     resumed.trusted_targets = list(trusted)
     for key in trust.rename_moved(resumed):  # written before the callbacks moved: same classes

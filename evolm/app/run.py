@@ -25,9 +25,9 @@ from evolm.app.build import (
 )
 from evolm.app.checks import check_full_mode, check_run_keys, preflight
 from evolm.app.modes import Mode, make_mode
-from evolm.app.resume import data_files, restore, resumed_config
+from evolm.app.resume import data_files, extending, restore, resumed_config
 from evolm.callbacks import Callback, RunContext
-from evolm.checkpoint import Checkpoint, check_shapes, run_identity
+from evolm.checkpoint import Checkpoint, atomic_write, check_shapes, run_identity
 from evolm.errors import ConfigError
 from evolm.es import ESState
 from evolm.loop import ESLoop
@@ -83,14 +83,16 @@ class Job:
     checkpoint: Checkpoint | None
     data: dict[str, Any]  # the data files' fingerprints
     changes: list[str]  # what a resume on other data found changed (resume_on_new_data)
+    extended: bool = False  # a resume changed when the run stops or evaluates (EXTENDABLE)
 
     def context(self, model_path: str, layout: Any, comm: dist.Comm) -> RunContext:
         """The run directory made (its config.yaml written by a new run's rank 0) and the
         context every callback sees."""
         output_dir = Path(self.cfg.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        if not self.resuming and comm.is_main:
-            (output_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        if comm.is_main and (not self.resuming or self.extended):
+            text = OmegaConf.to_yaml(self.cfg, resolve=True)
+            atomic_write(output_dir / "config.yaml", text.encode())
         return RunContext(
             output_dir=output_dir,
             generations=self.cfg.generations,
@@ -140,7 +142,8 @@ def prepare(cfg: DictConfig, comm: dist.Comm) -> Job:
     preflight(parts.task)  # a service the task needs (the scorer) answers: before the model
     for name, extra in parts.extra_evals.items():
         preflight(extra, f"extra_evals.{name}")
-    return Job(cfg, build, parts, config, resuming, checkpoint, data, changes)
+    extended = resuming and bool(extending(overrides))
+    return Job(cfg, build, parts, config, resuming, checkpoint, data, changes, extended)
 
 
 def make_loop(

@@ -17,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer(Callback):
-    """Saves a checkpoint every ``every`` generations and at the last one, keeping the newest
-    ``keep``, in ``<run dir>/checkpoints/``. Resume with ``python -m evolm resume=<run dir>``.
+    """Saves a checkpoint every ``every`` generations and at the last one (the one a time
+    budget stopped at too), keeping the newest ``keep``, in ``<run dir>/checkpoints/``. Resume
+    with ``python -m evolm resume=<run dir>``.
 
     A run stopped by SIGINT or SIGTERM (:mod:`evolm.interrupt`) also saves its last finished
     generation, so its resume loses no finished work; with ``es.mean=full`` a stop that comes
@@ -49,6 +50,14 @@ class Checkpointer(Callback):
         self.unsaved = (state, extra, len(self.records))
         if g % self.every == 0 or g == ctx.generations:
             self.save(ctx, state, extra, len(self.records))
+
+    def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
+        """A run that ended before its last generation (``time_budget_s``) saves the generation
+        it stopped at: ``resume=<run dir> time_budget_s=...`` continues it from there."""
+        if self.unsaved is None or self.unsaved[0].consumed:
+            return
+        path = self.save(ctx, *self.unsaved)
+        log.info("saved generation %d, where the run stopped (%s)", state.generation, path)
 
     def on_run_error(self, ctx: RunContext, error: BaseException) -> None:
         stop = interruption(error)
