@@ -3,9 +3,10 @@ code): the paper's test puzzles, the chat prompt rebuilt from each record's own 
 with the tokenizer's chat template, greedy decoding cut after the first ``</answer>`` (as the runs'
 ``task.stop``), scored by ../shared/tools/countdown_check.py's reward and family rule.
 
-  python docs/results/countdown-paper-split/check_chat.py MODEL_DIR ADAPTER_DIR OUT.json [N] [MAX_NEW]
+  python check_chat.py MODEL_DIR ADAPTER_DIR OUT.json [N] [MAX_NEW] [BATCH]
 
-N: the first N of the 2,000 test puzzles (default 2000); MAX_NEW new tokens (default 1024).
+N: the first N of the 2,000 test puzzles (default 2000); MAX_NEW new tokens (default 1024);
+BATCH puzzles per ``generate`` call (default 100 on a GPU, 20 on the CPU).
 Runs on a GPU when there is one (bf16), else on the CPU (float32).
 """
 
@@ -47,7 +48,7 @@ def main() -> None:
     )
     model = PeftModel.from_pretrained(model.to("cuda" if gpu else "cpu"), adapter).eval()
     start, texts = time.time(), []
-    batch = 100 if gpu else 20
+    batch = int(sys.argv[6]) if len(sys.argv) > 6 else (100 if gpu else 20)
     for i in range(0, len(records), batch):
         chunk = [chat_prompt(tok, r["context"]) for r in records[i : i + batch]]
         enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)

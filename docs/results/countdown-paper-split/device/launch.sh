@@ -1,7 +1,8 @@
 #!/bin/bash
 # One run in the background on one GPU of an offline device machine (how session 1 ran).
 #   bash launch.sh SECONDS GPU NAME q05|q15 "overrides"
-#   bash launch.sh SECONDS GPU NAME q05|q15 resume    (continue /root/runs/NAME: no overrides)
+#   bash launch.sh SECONDS GPU NAME q05|q15 resume    (continue /root/runs/NAME as configured)
+#   bash launch.sh SECONDS GPU NAME q05|q15 "resume time_budget_s=2400"   (with a new time budget)
 # Expects /root/p/<model>.part-* (the model's GGUF in pieces, as carried), /root/countdown.json,
 # and the wheelhouse installed. The run stops itself after SECONDS with SIGTERM (evolm
 # checkpoints its last generation and exits 143); `resume=/root/runs/NAME` continues it.
@@ -19,8 +20,8 @@ if [ ! -f /root/$m.converted ]; then  # convert once, before runs start side by 
   touch /root/$m.converted
 fi
 mkdir -p /root/runs
-if [ "$over" = resume ]; then  # a resume takes no overrides: the run's config.yaml holds them
-  args="resume=/root/runs/$name"
+if [ "${over%% *}" = resume ]; then  # a resume may change only time_budget_s, eval_every(_s)
+  args="resume=/root/runs/$name ${over#resume}"
   [ -f /root/runs/$name.log ] && mv /root/runs/$name.log /root/runs/$name.$(date +%s).log
 else
   args="experiment=qwen05_paper_countdown model=$model model.gguf_file=/root/$m.gguf logger=none hydra.run.dir=/root/runs/$name $over"
