@@ -16,6 +16,7 @@ from evolm.engine import stops as stops_module
 from evolm.engine.local import LocalEngine
 from evolm.engine.sampler import prefixes, row_lengths
 from evolm.engine.stops import StopTable, byte_automaton, token_bytes
+from evolm.engine.texts import decode_rows
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
@@ -184,3 +185,27 @@ def test_rows_are_cut_at_eos_and_trailing_pads_on_the_device_as_row_by_row(seed:
         while stripped and stripped[-1] == 3:
             stripped = stripped[:-1]
         assert body == len(stripped)
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+def test_rows_decode_as_batch_decode_does(
+    model: str, request: pytest.FixtureRequest, tiny_model_dir: str
+) -> None:
+    """The Rust batch decode that completions use gives batch_decode's texts, byte for byte:
+    random ids (special ids among them, rows of 0..300 ids), and a tokenizer that cleans up
+    spaces after decoding goes through batch_decode itself."""
+    path = tiny_model_dir if model == "tiny" else request.getfixturevalue("smollm2_dir")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert not tokenizer.clean_up_tokenization_spaces  # the fast path is taken
+    rng = random.Random(0)
+    special = list(tokenizer.all_special_ids)
+    rows = [
+        [rng.choice(special) if rng.random() < 0.05 else rng.randrange(len(tokenizer))
+         for _ in range(rng.randrange(300))]
+        for _ in range(64)
+    ]  # fmt: skip
+    assert decode_rows(tokenizer, rows) == tokenizer.batch_decode(rows, skip_special_tokens=True)
+    tokenizer.clean_up_tokenization_spaces = True
+    spaced = [tokenizer.encode("a , b . c 's", add_special_tokens=False)]
+    expected = tokenizer.batch_decode(spaced, skip_special_tokens=True)
+    assert decode_rows(tokenizer, spaced) == expected

@@ -17,6 +17,17 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
+def decode_rows(tokenizer: PreTrainedTokenizerBase, rows: list[list[int]]) -> list[str]:
+    """``tokenizer.batch_decode(rows, skip_special_tokens=True)``, through the Rust tokenizer's
+    parallel batch decode where that gives the same texts (a fast tokenizer that does not clean
+    up spaces after decoding): transformers decodes one row at a time in Python, 3.1 s for
+    6,000 rows of ~700 tokens where the batch decode takes 0.8 s on 2 cores (less with more)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return backend.decode_batch(rows, skip_special_tokens=True)
+
+
 class Texts:
     """The tokenizer's side of a loaded model (``tokenizer`` None: token ids only, no texts).
 
@@ -52,7 +63,7 @@ class Texts:
         ends, bodies = row_lengths(tokens, self.eos_ids, self.pad_id)
         special = self.pad_id in self._special_ids  # trailing pads decode to nothing
         heads = prefixes(tokens, bodies if special else ends)
-        texts = self.tokenizer.batch_decode(heads, skip_special_tokens=True)
+        texts = decode_rows(self.tokenizer, heads)
         steps = tokens.shape[1]
         exact = self.stop_table(stop) is not None  # rows ended at the stop: nothing to search
         out: list[str] = []
