@@ -25,9 +25,14 @@ what a generation does (``resume=RUN time_budget_s=3600`` continues a run that s
 time budget). The run's ``config.yaml`` is rewritten with them, so a later resume keeps them."""
 
 
+def override_key(override: str) -> str:
+    """The key a command-line override sets (``+a.b=1``, ``~a.b`` -> ``a.b``)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
 def extending(overrides: list[str] | None) -> list[str]:
     """The :data:`EXTENDABLE` keys that the command line's ``overrides`` set."""
-    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides or []]
+    keys = {override_key(o) for o in overrides or []}
     return [k for k in EXTENDABLE if k in keys]
 
 
@@ -52,7 +57,7 @@ def resumed_config(
         )
     task_overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     keep = ("resume", trust.KEY, "resume_on_new_data", *EXTENDABLE)
-    others = [o for o in task_overrides if o.lstrip("+~").split("=", 1)[0] not in keep]
+    others = [o for o in task_overrides if override_key(o) not in keep]
     if others:
         raise ConfigError(
             "resume",

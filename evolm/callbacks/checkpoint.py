@@ -56,8 +56,9 @@ class Checkpointer(Callback):
         it stopped at: ``resume=<run dir> time_budget_s=...`` continues it from there."""
         if self.unsaved is None or self.unsaved[0].consumed:
             return
+        stopped = self.unsaved[0].generation
         path = self.save(ctx, *self.unsaved)
-        log.info("saved generation %d, where the run stopped (%s)", state.generation, path)
+        log.info("saved generation %d, where the run stopped (%s)", stopped, path)
 
     def on_run_error(self, ctx: RunContext, error: BaseException) -> None:
         stop = interruption(error)
