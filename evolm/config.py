@@ -132,6 +132,7 @@ class Config:
     seed: int = 0
     generations: int = 50
     eval_every: int = 10
+    eval_start: bool = True
     time_budget_s: float | None = None
     eval_every_s: float | None = None
     output_dir: str = MISSING

@@ -125,9 +125,10 @@ class TrainClock:
 @dataclass
 class ESLoop:
     """Runs ``generations`` ES updates from ``state``; evaluates the mean on the eval split at
-    the start, every ``eval_every`` generations (or, with ``eval_every_s``, every that many
-    seconds of training time instead) and at the end. With ``time_budget_s`` it ends after the
-    first generation that brings the training time (:class:`TrainClock`) to the budget."""
+    the start (unless ``eval_start`` is False), every ``eval_every`` generations (or, with
+    ``eval_every_s``, every that many seconds of training time instead) and at the end. With
+    ``time_budget_s`` it ends after the first generation that brings the training time
+    (:class:`TrainClock`) to the budget."""
 
     strategy: ES  # or a subclass (es.mean=full's FullES: the engine's base weights are the mean)
     task: Task
@@ -142,6 +143,7 @@ class ESLoop:
     extra_evals: Mapping[str, Task] = field(default_factory=dict)  # eval/<name>/<score>_mean...
     time_budget_s: float | None = None  # stop once the training time reaches it
     eval_every_s: float | None = None  # evaluate at training-time marks instead of eval_every
+    eval_start: bool = True  # False: no eval of the start (another seed of the same base has it)
 
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
@@ -242,7 +244,8 @@ class ESLoop:
         spent = sum(r.get(M.GENERATION_S) or 0.0 for r in ctx.history)  # a resumed run's
         clock = TrainClock(self.time_budget_s, self.eval_every_s, spent)
         if state.generation == 0:
-            last_eval = self._evaluate(ctx, state)
+            if self.eval_start:
+                last_eval = self._evaluate(ctx, state)
             data = {M.data_stat(k): v for k, v in self.task.data_stats().items()}
             self._emit(ctx, GenerationRecord(generation=0, eval=last_eval, data=data), state)
         while state.generation < self.generations and not clock.out_of_time():

@@ -48,9 +48,12 @@ class FixedSeconds(ESLoop):
         return state, replace(record, generation_s=1.0)
 
 
+@pytest.mark.parametrize("eval_start", [True, False])
 def test_loop_stops_on_the_budget_and_evaluates_at_the_marks(
-    tmp_path: Path, tiny_model_dir: str
+    tmp_path: Path, tiny_model_dir: str, eval_start: bool
 ) -> None:
+    """``eval_start=false`` (a second seed from a base another run measured) skips only the
+    start's eval: generation 0's record is still written, without eval keys."""
     spec = LoraSpec()
     layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), spec)
     engine = LocalEngine(tiny_model_dir, layout, device="cpu")
@@ -59,12 +62,14 @@ def test_loop_stops_on_the_budget_and_evaluates_at_the_marks(
     state = es.init(layout.init_mean(spec, scales, 0), 0, es_scales(spec, scales))
     task = FewPrompts(max_new_tokens=4)
     loop = FixedSeconds(es, task, engine, layout, 100, 100, 0, [ResultsWriter()])
-    loop = replace(loop, time_budget_s=4.5, eval_every_s=2.0)
+    loop = replace(loop, time_budget_s=4.5, eval_every_s=2.0, eval_start=eval_start)
     final, summary = loop.run(state, RunContext(tmp_path, 100, layout, tiny_model_dir))
     records = read_results(tmp_path)
     assert final.generation == 5  # 5 x 1.0 s reaches the 4.5 s budget; generations=100 is a cap
     assert [r[M.TRAIN_S] for r in records[1:]] == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert [r["generation"] for r in records if M.EVAL_REWARD in r] == [0, 2, 4, 5]
+    assert records[0]["generation"] == 0
+    evaluated = [r["generation"] for r in records if M.EVAL_REWARD in r]
+    assert evaluated == ([0, 2, 4, 5] if eval_start else [2, 4, 5])
     assert summary[M.GENERATION] == 5 and M.EVAL_REWARD in summary
 
 
