@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer
 from benchmarks.harness import from_model, with_options
 from evolm.engine import stops as stops_module
 from evolm.engine.local import LocalEngine
+from evolm.engine.options import Tuning
 from evolm.engine.sampler import prefixes, row_lengths
 from evolm.engine.stops import StopTable, byte_automaton, token_bytes
 from evolm.engine.texts import decode_rows
@@ -106,12 +107,15 @@ def stops_in(texts: list[list[str]]) -> tuple[str, ...]:
     return (mixed[0], "NEVER-GENERATED")
 
 
-@pytest.mark.parametrize("path", ["fast", "capped", "hf"])
+@pytest.mark.parametrize("path", ["fast", "capped", "hf", "speculative"])
 def test_generation_with_stops_is_the_plain_one_cut(engine: LocalEngine, path: str) -> None:
-    """Rows of several members, refilled slots (capped) and the HF path: the same texts as a
-    plain generation cut at the first stop string, ``stopped`` where cut, fewer tokens."""
+    """Rows of several members, refilled slots (capped), the HF path and verify steps
+    (speculative: every step of the stopped generation): the same texts as a plain generation
+    cut at the first stop string, ``stopped`` where cut, fewer tokens."""
     if path == "hf":
         eng = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
+    elif path == "speculative":
+        eng = with_options(engine, Tuning(speculate_rows=1000), speculate=4)
     else:
         eng = engine if path == "fast" else with_options(engine, max_batch_rows=4)
     try:
@@ -119,6 +123,9 @@ def test_generation_with_stops_is_the_plain_one_cut(engine: LocalEngine, path: s
         plain = eng.generate(PROMPTS, pop, Sampling(24), seed=0)
         stop = stops_in(plain)
         cut = eng.generate(PROMPTS, pop, Sampling(24, stop=stop), seed=0)
+        if path == "speculative":
+            assert eng.last_timings["spec_steps"] == eng.last_timings["steps"]
+            plain = engine.generate(PROMPTS, pop, Sampling(24), seed=0)  # without verify steps
         pairs = [
             (p, c) for pm, cm in zip(plain, cut, strict=True) for p, c in zip(pm, cm, strict=True)
         ]

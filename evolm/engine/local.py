@@ -54,6 +54,8 @@ def pick(
         return FastBackend(model, texts, layout, options, tuning, shared)
     if reason is not None:
         log.info("local engine: HF path (%s)", reason)
+        if options.speculate:
+            log.warning("server.speculate=%d is ignored on the HF path", options.speculate)
     return HfBackend(model, texts, layers, options.max_batch_rows)
 
 
@@ -81,6 +83,7 @@ class LocalEngine(Engine):
         batching: str = "continuous",
         kv_cache_dtype: str = "auto",
         quantization: str | None = None,
+        speculate: int = 0,
     ) -> None:
         settings = dict(locals())  # every keyword after layout is a field of LocalOptions
         del settings["self"], settings["model_path"], settings["layout"]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHE_DTYPES = {"auto": None, "fp8": FP8}
 QUANTIZATIONS = (None, "fp8")
+MAX_SPECULATE = 16  # drafted tokens per verify step
 FP8_OPTIONS = {  # key: (what it is, the fix)
     "kv_cache_dtype": ("an fp8 KV cache", "set server.kv_cache_dtype=auto"),
     "quantization": ("fp8 GEMMs (quantization=fp8)", "unset server.quantization"),
@@ -67,6 +68,11 @@ class LocalOptions:
             machine run faster, and steadier, on 1.
         fast: use the fast path (``None``: where the architecture supports it; ``True``: raise
             if it does not; ``False``: the HF path).
+        speculate: tokens drafted per row in the verify steps that replace the decode steps in
+            a generation's tail (the queue empty, under a tenth of the slots busy), for greedy
+            rows on the fast path: the same tokens as plain decoding, fewer steps where rows
+            repeat themselves (:mod:`evolm.engine.fast.speculate`). 0: off (the default until
+            its GPU speed is measured).
     """
 
     device: str = "auto"
@@ -78,6 +84,7 @@ class LocalOptions:
     batching: str = "continuous"
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    speculate: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -111,6 +118,18 @@ class LocalOptions:
                 "max_batch_rows",
                 f"must be >= 1, got {self.max_batch_rows}",
                 "use null for as many rows as fit in memory",
+            )
+        if not 0 <= self.speculate <= MAX_SPECULATE:
+            raise ConfigError(
+                "speculate",
+                f"must be in 0..{MAX_SPECULATE}, got {self.speculate}",
+                "use 0 (off) or e.g. 4 drafted tokens per verify step",
+            )
+        if self.speculate and self.fast is False:
+            raise ConfigError(
+                "speculate",
+                "speculative decoding runs on the fast path only, and fast=false",
+                "set server.speculate=0, or drop server.fast=false",
             )
         if self.threads is not None and self.threads < 1:
             raise ConfigError(
@@ -190,8 +209,11 @@ class Tuning:
         prefill_tokens: tokens per prefill chunk (None: from a memory budget).
         lora_pad: rank columns of a fused LoRA group padded to this (Triton ops: at least 16,
             a power of 2).
+        speculate_rows: with ``speculate``, verify steps once the queue is empty and at most
+            this many rows run (None: under a tenth of the slots: the tail).
     """
 
     cuda_graphs: bool | None = None
     prefill_tokens: int | None = None
     lora_pad: int = 8
+    speculate_rows: int | None = None

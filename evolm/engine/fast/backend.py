@@ -59,6 +59,8 @@ class FastBackend:
             name=str(getattr(cfg, "_name_or_path", "") or cfg.model_type),
             graphs=tuning.cuda_graphs,
             prefill_tokens=tuning.prefill_tokens,
+            speculate=options.speculate,
+            speculate_rows=tuning.speculate_rows,
         )
         self._lora: dict[int, FastLora] = {}  # grouped buffers by population size
         self._lora_version = -1  # the fast forward's weights_version the buffers were made for

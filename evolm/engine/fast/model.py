@@ -355,3 +355,49 @@ class FastModel:
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
             pending = self._mlp(i, w, h, lora)
         return self.add_norm(x, pending, self.norm)
+
+    def decode_tokens(
+        self,
+        tokens: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        sel: Tensor,
+        pos: Tensor,
+        lo: Tensor,
+        cache: KVCache,
+        lora: LoraLike,
+    ) -> Tensor:
+        """``T`` tokens per row in one forward (speculative decoding's verify step,
+        :mod:`evolm.engine.fast.speculate`): row ``b`` lives in cache row ``sel[b]``, writes
+        the K/V of ``tokens[b, t]`` at position ``pos[b] + t`` and attends over positions
+        ``lo[b]..pos[b] + t``, as ``T`` calls of :meth:`decode_slots` would. ``cos``/``sin``:
+        ``[rows, T, head_dim]``; ``lora``: per-token members (row-major). Eager, one host
+        sync (the widest position). Returns the final-normed hidden states ``[rows * T,
+        hidden]``."""
+        rows, steps = tokens.shape
+        x = F.embedding(tokens.reshape(-1), self.embed)
+        cos = cos.reshape(rows * steps, 1, -1)
+        sin = sin.reshape(rows * steps, 1, -1)
+        at = pos[:, None] + torch.arange(steps, device=tokens.device)  # [rows, T]
+        width = int(at.max()) + 1
+        span = torch.arange(width, device=tokens.device)
+        allowed = (span >= lo[:, None, None]) & (span <= at[:, :, None])  # [rows, T, width]
+        neg = torch.finfo(x.dtype).min
+        bias = torch.where(allowed, 0.0, neg).to(x.dtype)[:, None]
+        pending: Pending | None = None
+        for i, w in enumerate(self.layers):
+            h = self.add_norm(x, pending, w.ln1)
+            q, k, v = self._qkv(i, w, h, lora, cos, sin)
+            assert k is not None and v is not None
+            shape = (rows, steps, self.kv_heads, self.head_dim)
+            cache.k[i][sel[:, None], :, at] = to_cache(k, cache.k).view(shape)
+            cache.v[i][sel[:, None], :, at] = to_cache(v, cache.v).view(shape)
+            q = q.view(rows, steps, self.heads, self.head_dim).transpose(1, 2)
+            kc, vc = cache.k[i][sel, :, :width], cache.v[i][sel, :, :width]
+            kc, vc = kc.to(q.dtype), vc.to(q.dtype)  # an fp8 cache is widened to read
+            with self._decode_backend():
+                attn = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias, enable_gqa=True)
+            attn = attn.transpose(1, 2).reshape(rows * steps, self.q_out)
+            h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)
+            pending = self._mlp(i, w, h, lora)
+        return self.add_norm(x, pending, self.norm)

@@ -43,6 +43,7 @@ from evolm.engine.fast.plan import (
     total_memory,
 )
 from evolm.engine.fast.runner import Forced, ModelRunner, Rows
+from evolm.engine.fast.speculate import Speculator
 from evolm.engine.fast.workspace import CHECK_EVERY, Workspace, graph_key
 from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
@@ -124,6 +125,10 @@ class Scheduler:
         graphs: capture decode steps as CUDA graphs (None: on CUDA devices).
         prefill_tokens: tokens per prefill chunk (None: from a memory budget).
         check_every: decode steps between host syncs (finished rows are retired then).
+        speculate: tokens drafted per row in the tail's verify steps (0: off; greedy rows only,
+            the same tokens: :mod:`.speculate`).
+        speculate_rows: the tail, where verify steps replace decode steps: the queue empty
+            and at most this many rows running (None: under ``TAIL_SHARE`` of the slots).
     """
 
     def __init__(
@@ -136,8 +141,11 @@ class Scheduler:
         graphs: bool | None = None,
         prefill_tokens: int | None = None,
         check_every: int = CHECK_EVERY,
+        speculate: int = 0,
+        speculate_rows: int | None = None,
     ) -> None:
         self.model, self.runner = model, ModelRunner(model, graphs)
+        self.speculate, self.speculate_rows = speculate, speculate_rows
         self.device = model.embed.device
         self.max_rows, self.utilization, self.kv_dtype = max_rows, utilization, kv_dtype
         self.name, self.prefill_tokens, self.check_every = name, prefill_tokens, check_every
@@ -270,6 +278,12 @@ class Scheduler:
         slot_member = [0] * ws.slots
         refill = max(1, ws.slots // 16)
         stats, batch = RunStats(timer, ws.slots), 0
+        spec = None
+        if self.speculate and greedy and forced is None:
+            spec = Speculator(self.model, self.speculate)
+        tail_rows = self.speculate_rows
+        if tail_rows is None:
+            tail_rows = max(1, int(TAIL_SHARE * ws.slots - 1e-9))  # fewer than TAIL_SHARE
         while queue or active:
             if queue and (not active or len(free) >= refill):
                 take = min(len(free), len(queue))
@@ -288,15 +302,23 @@ class Scheduler:
                     # the bucket's padding rows (the scratch slot) join the last member's tile
                     ws.member[ws.slots] = slot_member[active[-1]]
                 batch = ws.set_batch(active)
-            stats.decoding(self.check_every, len(active), batch, bool(queue))
-            for _ in range(self.check_every):
-                runner.step(ws, batch, lora, batch_rows)
+            if spec is not None and not queue and len(active) <= tail_rows:
+                stats.decoding(1, len(active), len(active), False)
+                spec.step(ws, active, lora, batch_rows)
+            else:
+                stats.decoding(self.check_every, len(active), batch, bool(queue))
+                for _ in range(self.check_every):
+                    runner.step(ws, batch, lora, batch_rows)
             done = ws.done[ws.sel[: len(active)]].tolist()
             if any(done):
-                free += [s for s, d in zip(active, done, strict=True) if d]
+                finished = [s for s, d in zip(active, done, strict=True) if d]
+                free += finished
                 active = [s for s, d in zip(active, done, strict=True) if not d]
                 batch = ws.set_batch(active) if active else 0
-        self.last_timings = stats.timings()
+                if spec is not None:
+                    for slot in finished:
+                        spec.drafter.drop(slot)
+        self.last_timings = stats.timings() | ({} if spec is None else spec.stats.timings())
         return batch_rows.out[:-1].view(rows, widest)
 
     def forced_logits(
