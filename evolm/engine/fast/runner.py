@@ -87,6 +87,23 @@ class Rows:
             return next_token(logits, self.sampling, self.generator)
         return self.forced.choose(logits, row, gen, live)
 
+    def emit(
+        self, nxt: Tensor, take: Tensor, row: Tensor, index: Tensor, budget: Tensor, state: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Token ``nxt`` written as token ``index`` of rows ``row`` where ``take`` (elsewhere
+        into the dump cell, unchanged); returns which of them it finished (an EOS, the row's
+        ``budget`` reached or a stop string completed) and the stop automaton's ``state``
+        advanced where taken."""
+        out, widest = self.out, self.widest
+        dump = out.shape[0] - 1
+        at = torch.where(take, row * widest + index.clamp(max=widest - 1), dump)
+        out[at] = torch.where(take, nxt, out[dump])
+        finished = torch.isin(nxt, self.eos) | (index + 1 >= budget)
+        if self.stops is not None:
+            state = torch.where(take, self.stops.advance(state, nxt), state)
+            finished |= state == self.stops.done
+        return take & finished, state
+
 
 class ModelRunner:
     """Runs prefill chunks and decode steps of a :class:`FastModel` on a :class:`Workspace`.
@@ -188,21 +205,16 @@ class ModelRunner:
         """One decode step of the batch's slots: each live slot's next token into
         ``rows.out``; finished slots (EOS, budget or stop string) stop advancing."""
         greedy = rows.sampling.temperature == 0
-        sel, out, widest = ws.sel[:batch], rows.out, rows.widest
+        sel = ws.sel[:batch]
         self.forward(ws, batch, lora, greedy)
         live = ~ws.done[sel]
-        gen = ws.gen[sel]
-        nxt = ws.next[:batch] if greedy else rows.choose(ws.logits[:batch], ws.row[sel], gen, live)
-        dump = out.shape[0] - 1
-        at = torch.where(live, ws.row[sel] * widest + gen.clamp(max=widest - 1), dump)
-        out[at] = torch.where(live, nxt, out[dump])
+        gen, row = ws.gen[sel], ws.row[sel]
+        nxt = ws.next[:batch] if greedy else rows.choose(ws.logits[:batch], row, gen, live)
+        finished, state = rows.emit(nxt, live, row, gen, ws.budget[sel], ws.stop[sel])
+        if rows.stops is not None:  # finished rows (and the scratch slot) keep their state
+            ws.stop[sel] = state
         ws.tok[sel] = nxt
         step = live.long()
         ws.gen[sel] = gen + step
         ws.lens[sel] = ws.lens[sel] + step
-        done = ~live | torch.isin(nxt, rows.eos) | (gen + step >= ws.budget[sel])
-        if rows.stops is not None:  # finished rows (and the scratch slot) keep their state
-            state = torch.where(live, rows.stops.advance(ws.stop[sel], nxt), ws.stop[sel])
-            ws.stop[sel] = state
-            done |= state == rows.stops.done
-        ws.done[sel] = done
+        ws.done[sel] = ~live | finished

@@ -24,6 +24,7 @@ slots. On CPUs the same loop runs eagerly. Greedy tokens equal the HF path's.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -283,7 +284,7 @@ class Scheduler:
             spec = Speculator(self.model, self.speculate)
         tail_rows = self.speculate_rows
         if tail_rows is None:
-            tail_rows = max(1, int(TAIL_SHARE * ws.slots - 1e-9))  # fewer than TAIL_SHARE
+            tail_rows = max(1, math.ceil(TAIL_SHARE * ws.slots) - 1)  # fewer than TAIL_SHARE
         while queue or active:
             if queue and (not active or len(free) >= refill):
                 take = min(len(free), len(queue))

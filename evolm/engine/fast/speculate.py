@@ -152,22 +152,13 @@ class Speculator:
         chosen = chosen.view(len(slots), width)
         # drafts kept: the leading ones greedy chose; then the token greedy chose after them
         agree = (tokens[:, 1:] == chosen[:, :-1]).long().cumprod(1).sum(1)
-        out, widest, eos, stops = rows.out, rows.widest, rows.eos, rows.stops
-        dump = out.shape[0] - 1
-        base = ws.row[sel] * widest
-        live = ~ws.done[sel]
+        row, live = ws.row[sel], ~ws.done[sel]
         kept = torch.zeros_like(gen)
         state, done = ws.stop[sel], ~live
         for j in range(width):  # token j of each row, as plain step j would take it
             take = live & (agree >= j)
-            nxt = chosen[:, j]
-            at = torch.where(take, base + (gen + kept).clamp(max=widest - 1), dump)
-            out[at] = torch.where(take, nxt, out[dump])
+            finished, state = rows.emit(chosen[:, j], take, row, gen + kept, budget, state)
             kept += take.long()
-            finished = take & (torch.isin(nxt, eos) | (gen + kept >= budget))
-            if stops is not None:
-                state = torch.where(take, stops.advance(state, nxt), state)
-                finished |= take & (state == stops.done)
             done = done | finished
             live = live & ~finished
         last = chosen.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
