@@ -406,8 +406,48 @@ def test_accuracy_falling_while_fitness_rises_is_reported_at_the_second_eval(
     assert warning.startswith("THIS RUN IS GAMING ITS REWARD (eval/accuracy_mean)")
     assert "fitness rose from 0.06 to 0.1" in warning and "fell from 2.5% to 0.5%" in warning
     assert ctx.tags[TAG] == "accuracy_fell"
-    assert not run((0.1, 0.0), (0.1, 0.02), (0.1, 0.0)).tags  # not in a row
-    assert not run((0.1, 0.015), (0.1, 0.015)).tags  # fell by less than 2 points
+    assert not run((0.1, 0.0), (0.1, 0.05), (0.1, 0.0)).tags  # not in a row (2.5% -> 5% between)
+    assert run((0.1, 0.015), (0.1, 0.015)).tags[TAG] == "accuracy_flat"  # fell < 2 points
     assert not run((0.05, 0.0), (0.05, 0.0)).tags  # the fitness did not rise
     with pytest.raises(RunAborted, match=r"fell from 2\.5% to 0\.0%"):
         run((0.1, 0.0), (0.1, 0.0), abort=True)
+
+
+def test_fitness_rising_while_accuracy_stays_flat_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36's 0.5B with the blind baseline and a 0.02 format weight (session 9's r0): the
+    fitness rose from 0.0106 (spread 0.0043) to 0.0195 while every answer became ``(a + b) / 3``
+    and the held-out accuracy stayed at 0.0% -> 0.05%. A fitness rise smaller than the first
+    generation's spread, or an accuracy that rose with it, is not reported."""
+
+    def accuracy_of(accuracy: float) -> dict[str, float]:
+        return {"eval/accuracy_mean": accuracy}
+
+    def run(*evals: tuple[float, float], start_accuracy: float = 0.0) -> RunContext:
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+        start = GenerationRecord(0, eval=accuracy_of(start_accuracy))
+        monitor.on_generation_end(ctx, start, None)  # type: ignore[arg-type]
+        first = replace(record(1, 0.0043, mean=0.0106), scores={"accuracy": 0.0})
+        monitor.on_generation_end(ctx, first, None)  # type: ignore[arg-type]
+        for g, (fitness, accuracy) in enumerate(evals, 2):
+            later = replace(
+                record(g, 0.004, mean=fitness),
+                scores={"accuracy": 0.0003},
+                eval=accuracy_of(accuracy),
+            )
+            monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
+        return ctx
+
+    with caplog.at_level(logging.WARNING):
+        ctx = run((0.0195, 0.0005), (0.0199, 0.0005))
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "evolm.callbacks.health"]
+    assert warning.startswith("THIS RUN IS GAMING ITS REWARD (eval/accuracy_mean)")
+    assert "fitness rose from 0.0106 to 0.0199" in warning and "spread" in warning
+    assert "went from 0.0% to 0.1%" in warning and "train/accuracy_mean: 0.0% -> 0.0%" in warning
+    assert ctx.tags[TAG] == "accuracy_flat"
+    assert not run((0.0195, 0.0005)).tags  # one evaluation can be noise
+    assert not run((0.0140, 0.0), (0.0140, 0.0)).tags  # rose by less than the spread
+    # the accuracy rose with the fitness (p0 of session 5: 2.55% -> 17.4%)
+    assert not run((0.05, 0.174), (0.08, 0.25), start_accuracy=0.0255).tags

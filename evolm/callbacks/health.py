@@ -38,12 +38,16 @@ scores (``eval/shortcut_accuracy``, over the puzzle's order and the numbers rank
 The names are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is
 watched.
 
-A run paid for something other than its task (``accuracy_fell``) is told so when, at
-:data:`FELL_EVALS` evaluations in a row, the population's fitness is above its first
-generation's while the mean's held-out accuracy has fallen by ``shortcut_rise`` and by half or
-more below the first evaluation's: ``THIS RUN IS GAMING ITS REWARD`` (issue 36: with
-``task.blind_baseline=true`` the 1.5B stopped reasoning to collect the format reward, 2.5% ->
-0.0% in 20 generations).
+A run paid for something other than its task is told so when, at :data:`FELL_EVALS`
+evaluations in a row, the population's fitness has risen while the mean's held-out accuracy has
+not: ``THIS RUN IS GAMING ITS REWARD``, quoting both. ``accuracy_fell``: the fitness is above the
+first generation's while the accuracy has fallen by ``shortcut_rise`` and by half or more below
+the first evaluation's (issue 36: with ``task.blind_baseline=true`` the 1.5B stopped reasoning to
+collect the format reward, 2.5% -> 0.0% in 20 generations). ``accuracy_flat``: the fitness has
+risen by at least the first generation's spread across members (``train/fitness_std``; a rise
+of the population mean that large is several standard errors) while the accuracy has risen by
+less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitness 0.011 ->
+0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations).
 """
 
 from __future__ import annotations
@@ -105,8 +109,10 @@ GAMING = {"gaming_empty": M.EMPTY_SHARE, "gaming_truncated": M.TRUNCATED_SHARE}
 
 SHORTCUT = "shortcut"
 FELL = "accuracy_fell"
+FLAT = "accuracy_flat"
 FELL_EVALS = 2
-"""Evaluations in a row at which the accuracy must have fallen (one can be noise)."""
+"""Evaluations in a row at which the accuracy must have fallen, or stayed flat while the fitness
+rose (one can be noise)."""
 FELL_ADVICE = (
     "the population's fitness rose from {start} to {fitness} while the mean's held-out accuracy "
     "({acc}) fell from {acc_start} to {acc_now} at {n} evaluations in a row: the reward pays for "
@@ -114,6 +120,15 @@ FELL_ADVICE = (
     "what the reward's other terms pay (countdown: the format reward, task.format_weight; with "
     "task.blind_baseline=true it is all that a fixed answer earns)"
 )
+FLAT_ADVICE = (
+    "the population's fitness rose from {start} to {fitness} (its first generation's spread "
+    "across members: {spread}) while the mean's held-out accuracy ({acc}) went from {acc_start} "
+    "to {acc_now} at {n} evaluations in a row{train}: the reward pays for something other than "
+    "solving held-out puzzles. Read the mean's completions ({samples}) and check what the "
+    "reward's other terms pay (countdown: task.format_weight, task.closeness_weight), and "
+    "whether the training accuracy rose alone (memorized training puzzles)"
+)
+TRAIN_ACCURACY = M.train_score(M.CORRECT_SCORE)
 TEMPLATE_SHARE_ALARM = 0.9
 """A share of template answers among the correct ones this high, with the accuracy risen, is a
 shortcut whatever the other puzzles do."""
@@ -219,10 +234,11 @@ class LearningMonitor(Callback):
             return  # the start's eval record
         record = generation.as_record()  # flat, as the baseline from ctx.history is
         self._check_nonfinite(record)
-        if generation.eval and ACCURACY in generation.eval and FELL not in self.reported:
-            self.fell = self.fell + 1 if self._fell(generation.eval, record) else 0
-            if self.fell >= FELL_EVALS:
-                self._report_fell(ctx, record, generation.eval)
+        if generation.eval and ACCURACY in generation.eval and not self.reported & {FELL, FLAT}:
+            verdict = self._paid_elsewhere(generation.eval, record)
+            self.fell = self.fell + 1 if verdict else 0
+            if verdict and self.fell >= FELL_EVALS:
+                self._report_fell(ctx, record, generation.eval, verdict)
         std, mean = record[M.FITNESS_STD], record[M.FITNESS_MEAN]
         tie = math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean))
         # a tie after learning is a stall (saturated or converged), not a run that never could
@@ -277,31 +293,45 @@ class LearningMonitor(Callback):
             or below_a_rule
         )
 
-    def _fell(self, evaluation: Mapping[str, float], record: Record) -> bool:
-        """Whether the held-out accuracy has fallen by ``shortcut_rise`` and by half or more
-        below the first evaluation's while the fitness is above the first generation's."""
+    def _paid_elsewhere(self, evaluation: Mapping[str, float], record: Record) -> str | None:
+        """:data:`FELL` when the held-out accuracy has fallen by ``shortcut_rise`` and by half or
+        more below the first evaluation's while the fitness is above the first generation's;
+        :data:`FLAT` when it has risen by less than ``shortcut_rise`` while the fitness has
+        risen by the first generation's spread or more; else None."""
         if self.first_eval is None or self.first is None or ACCURACY not in self.first_eval:
-            return False
+            return None
         start, now = self.first_eval[ACCURACY], evaluation[ACCURACY]
-        drop = max(self.shortcut_rise, start / 2)
-        rose = record[M.FITNESS_MEAN] > self.first[M.FITNESS_MEAN]  # False for NaN
-        return bool(rose and start - now >= drop)
+        rise = record[M.FITNESS_MEAN] - self.first[M.FITNESS_MEAN]
+        if not rise > 0:  # NaN: no
+            return None
+        if start - now >= max(self.shortcut_rise, start / 2):
+            return FELL
+        spread = self.first.get(M.FITNESS_STD, math.nan)
+        return FLAT if now - start < self.shortcut_rise and rise >= spread else None
 
     def _report_fell(
-        self, ctx: RunContext, record: Record, evaluation: Mapping[str, float]
+        self, ctx: RunContext, record: Record, evaluation: Mapping[str, float], condition: str
     ) -> None:
         first, first_eval = self.first or {}, self.first_eval or {}
-        message = FELL_ADVICE.format(
+        train = ""
+        if TRAIN_ACCURACY in first and TRAIN_ACCURACY in record:
+            train = (
+                f" (training accuracy, {TRAIN_ACCURACY}: {_share(first, TRAIN_ACCURACY)} -> "
+                f"{_share(record, TRAIN_ACCURACY)})"
+            )
+        message = (FELL_ADVICE if condition == FELL else FLAT_ADVICE).format(
             start=f"{first.get(M.FITNESS_MEAN, math.nan):.6g}",
             fitness=f"{record[M.FITNESS_MEAN]:.6g}",
+            spread=f"{first.get(M.FITNESS_STD, math.nan):.6g}",
             acc=ACCURACY,
             acc_start=_share(first_eval, ACCURACY),
             acc_now=_share(evaluation, ACCURACY),
             n=self.fell,
+            train=train,
             samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
         )
         headline = f"THIS RUN IS GAMING ITS REWARD ({ACCURACY})"
-        self._tell(ctx, FELL, message, headline, record[M.GENERATION])
+        self._tell(ctx, condition, message, headline, record[M.GENERATION])
 
     def _tell(
         self,
