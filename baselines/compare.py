@@ -5,23 +5,28 @@ same GPU time, evaluated alike at the same training-time marks; one figure, one 
 
 Its own keys: ``budget_minutes`` (training time per method, evaluations and start-up excluded),
 ``eval_every_minutes`` (default: a tenth of the budget), ``out`` (default
-``outputs/compare/<date>_<time>``), ``methods`` (``es,grpo``; one of them to rerun it alone)
-and ``report_only=true`` (redraw from ``out``). ``grpo.<key>=...`` go to GRPO
+``outputs/compare/<date>_<time>``), ``methods`` (``es,grpo``; one of them to rerun it alone),
+``devices`` and ``report_only=true`` (redraw from ``out``). ``grpo.<key>=...`` go to GRPO
 (:mod:`baselines.grpo_settings`); every other argument is an evolm override given to both runs
-(``task.*``, ``lora.*``, ``seed``, ``server.*``; ``es.*`` matter to ES alone). The runs go one
-after the other on the same device: ``python -m evolm`` into ``<out>/es`` and
-``python -m baselines.grpo`` into ``<out>/grpo``; their logs are ``<out>/<method>.log``.
+(``task.*``, ``lora.*``, ``seed``, ``server.*``; ``es.*`` matter to ES alone). The runs are
+``python -m evolm`` into ``<out>/es`` and ``python -m baselines.grpo`` into ``<out>/grpo``,
+their logs ``<out>/<method>.log``. By default they go one after the other on the same device;
+``devices=0,1`` runs them side by side, one GPU each (``CUDA_VISIBLE_DEVICES``, in the order of
+``methods``): the same wall-clock on two GPUs of one kind instead of twice it on one.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from baselines.grpo_settings import PREFIX, parse_settings
 from baselines.report import Run, write_report
@@ -44,6 +49,7 @@ class CompareSettings:
     eval_every_minutes: float | None = None
     out: str | None = None
     methods: str = "es,grpo"
+    devices: str | None = None
     report_only: bool = False
 
     def __post_init__(self) -> None:
@@ -58,6 +64,18 @@ class CompareSettings:
             raise ConfigError(
                 "methods", f"unknown: {sorted(unknown)}", f"a subset of {','.join(METHODS)}"
             )
+        if self.devices is not None:
+            ids = self.device_ids
+            if len(ids) != len(self.chosen) or not all(i.isdigit() for i in ids):
+                raise ConfigError(
+                    "devices",
+                    f"{self.devices!r}: one GPU index per method of methods={self.methods}",
+                    "e.g. devices=0,1 (or leave it out: one after the other on one device)",
+                )
+
+    @property
+    def device_ids(self) -> list[str]:
+        return [] if self.devices is None else self.devices.split(",")
 
     @property
     def chosen(self) -> list[str]:
@@ -119,12 +137,37 @@ def commands(
     }
 
 
-def run_method(name: str, command: list[str], out: Path) -> None:
+def run_methods(commands: dict[str, list[str]], out: Path, devices: Sequence[str]) -> None:
+    """Run the methods' commands: one after the other, or side by side with ``devices`` (one
+    ``CUDA_VISIBLE_DEVICES`` each, in order); a method that fails is an error quoting its log."""
+    if not devices:
+        for name, command in commands.items():
+            _wait(name, _start(name, command, out, None), out)
+        return
+    started = {
+        name: _start(name, command, out, device)
+        for (name, command), device in zip(commands.items(), devices, strict=True)
+    }
+    for name, (process, start) in started.items():
+        _wait(name, (process, start), out)
+
+
+def _start(
+    name: str, command: list[str], out: Path, device: str | None
+) -> tuple[subprocess.Popen[bytes], float]:
     log_file = out / f"{name}.log"
-    log.info("%s: %s (log: %s)", name.upper(), " ".join(command[1:]), log_file)
-    start = time.perf_counter()
+    on = "" if device is None else f" on GPU {device}"
+    log.info("%s%s: %s (log: %s)", name.upper(), on, " ".join(command[1:]), log_file)
+    env = None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": device}
     with open(log_file, "w") as f:
-        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        process = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=env)
+    return process, time.perf_counter()
+
+
+def _wait(name: str, started: tuple[subprocess.Popen[bytes], float], out: Path) -> None:
+    process, start = started
+    code = process.wait()
+    log_file = out / f"{name}.log"
     if code != 0:
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{name} exited {code}; the end of {log_file}:\n{tail}")
@@ -135,10 +178,22 @@ def run_method(name: str, command: list[str], out: Path) -> None:
     )
 
 
-def title(evolm: Sequence[str], settings: CompareSettings) -> str:
-    chosen = dict(a.split("=", 1) for a in evolm if a.split("=", 1)[0] in ("model", "task"))
-    model, task = chosen.get("model", "tiny"), chosen.get("task", "conciseness")
+def title(cfg: DictConfig | None, evolm: Sequence[str], settings: CompareSettings) -> str:
+    """``<model>, <task>: ES vs GRPO, <budget> min of training each``, the model and task
+    named from the composed config (an ``experiment=`` sets them too)."""
+    if cfg is None:  # not composable here: what the command line names
+        chosen = dict(a.split("=", 1) for a in evolm if a.split("=", 1)[0] in ("model", "task"))
+        model, task = chosen.get("model", "tiny"), chosen.get("task", "conciseness")
+    else:
+        target = str(cfg.model.get("_target_", "model"))
+        model = cfg.model.get("name") or cfg.model.get("name_or_path") or _short(target)
+        task = _short(str(cfg.task.get("_target_", "task")))
     return f"{model}, {task}: ES vs GRPO, {settings.budget_minutes:g} min of training each"
+
+
+def _short(target: str) -> str:
+    """A class path as a short name: ``evolm.model.TinyModel`` -> ``tiny``."""
+    return target.rsplit(".", 1)[-1].removesuffix("Model").lower()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,20 +202,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         settings, grpo, evolm = split_args(list(sys.argv[1:] if argv is None else argv))
+        cfg = None
         if not settings.report_only:  # a misspelt key fails now, not after the ES run
             parse_settings(grpo)
-            compose_run([*evolm, f"time_budget_s={settings.budget_s}"])
+            cfg = compose_run([*evolm, f"time_budget_s={settings.budget_s}"])
     except ConfigError as e:
         log.error("bad configuration: %s", e)
         return 2
+    if cfg is None:
+        try:
+            cfg = compose_run(evolm)
+        except ConfigError:
+            cfg = None
     out = settings.out_dir()
     out.mkdir(parents=True, exist_ok=True)
     if not settings.report_only:
-        for name, command in commands(settings, grpo, evolm, out).items():
-            if name in settings.chosen:
-                run_method(name, command, out)
+        every = commands(settings, grpo, evolm, out)
+        run_methods({m: every[m] for m in settings.chosen}, out, settings.device_ids)
     runs = [Run.load(m, out / m) for m in METHODS if (out / m / "results.jsonl").is_file()]
-    paths = write_report(runs, out, title(evolm, settings))
+    paths = write_report(runs, out, title(cfg, evolm, settings))
     log.info("figure %s, table %s", paths["figure"], paths["table"])
     log.info("\n%s", paths["table"].read_text())
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,9 @@ from safetensors.torch import load_file
 
 from baselines import compare, grpo, grpo_budget
 from baselines.grpo_data import TaskReward
+from baselines.runconfig import compose_run
 from evolm import metrics as M
+from evolm.errors import ConfigError
 from evolm.loop import TrainClock
 from evolm.task.countdown import Countdown
 from evolm.task.countdown.reward import countdown_reward
@@ -121,3 +124,46 @@ def test_the_budget_stops_grpo_after_the_step_that_reaches_it(
     callback.on_train_end(None, None, control)
     assert control.should_training_stop and len(evals) == 2  # the start's and the last step's
     assert [r["generation"] for r in read_results(tmp_path)] == [0, 1]
+
+
+def test_devices_run_the_methods_side_by_side_one_gpu_each(tmp_path: Path) -> None:
+    """``devices=0,1``: both commands start before either ends (the ES stand-in waits for a
+    file the GRPO one writes), each with its own ``CUDA_VISIBLE_DEVICES``; a failed method is
+    an error quoting its log."""
+    flag = tmp_path / "grpo-started"
+    wait = (
+        "import os, pathlib, time\n"
+        f"p = pathlib.Path({str(flag)!r})\n"
+        "for _ in range(600):\n"
+        "    if p.exists(): break\n"
+        "    time.sleep(0.05)\n"
+        "else: raise SystemExit('the other method never started')\n"
+        "print('es on', os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    touch = (
+        f"import os, pathlib; pathlib.Path({str(flag)!r}).touch(); "
+        "print('grpo on', os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    commands = {"es": [sys.executable, "-c", wait], "grpo": [sys.executable, "-c", touch]}
+    compare.run_methods(commands, tmp_path, ["3", "5"])
+    assert (tmp_path / "es.log").read_text().strip() == "es on 3"
+    assert (tmp_path / "grpo.log").read_text().strip() == "grpo on 5"
+    failing = {"es": [sys.executable, "-c", "raise SystemExit('out of memory')"]}
+    with pytest.raises(RuntimeError, match=r"es exited 1(.|\n)*out of memory"):
+        compare.run_methods(failing, tmp_path, [])
+
+
+@pytest.mark.parametrize("devices", ["0", "0,x", "0,1,2"])
+def test_devices_must_name_one_gpu_per_method(devices: str) -> None:
+    with pytest.raises(ConfigError, match="devices"):
+        compare.split_args([f"devices={devices}"])
+
+
+def test_the_figure_names_the_model_and_task_an_experiment_chose() -> None:
+    settings, _, evolm_args = compare.split_args(["experiment=qwen15_paper_countdown"])
+    cfg = compose_run(evolm_args)
+    assert compare.title(cfg, evolm_args, settings).startswith(
+        "qwen2.5-coder-1.5b-instruct, countdown: ES vs GRPO, 20 min"
+    )
+    tiny = compose_run([])
+    assert compare.title(tiny, [], settings).startswith("tiny, conciseness:")
