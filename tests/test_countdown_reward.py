@@ -91,6 +91,42 @@ def test_format_reward(completion: str, expected: float) -> None:
 # --------------------------------------------------------------------------- answer reward
 
 
+# The paper's regexes (its reward script), which format_reward and extract_answer evaluate
+# with str.find.
+PAPER_FULL_FORMAT = re.compile(r"^<think>.*?</think>\n<answer>.*?</answer>$", re.DOTALL)
+PAPER_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+PAPER_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+FRAGMENTS = [
+    "<think>", "</think>", "<answer>", "</answer>", "\n", "</think>\n<answer>", "x", " 3 + 4 ",
+    "<", ">", "/", "answer", "think", "</answer>\n", "\n\n",
+]  # fmt: skip
+
+
+def paper_format(completion: str) -> float:
+    text = "<think>" + completion
+    if PAPER_FULL_FORMAT.match(text):
+        return 1.0
+    return round(0.1 * bool(PAPER_THINK.search(text)) + 0.5 * bool(PAPER_ANSWER.search(text)), 6)
+
+
+def paper_answer(completion: str) -> str | None:
+    found = PAPER_ANSWER.findall(completion)
+    return found[-1].strip() if found else None
+
+
+def test_format_and_answer_are_the_papers_regexes_on_random_tag_soups() -> None:
+    """20,000 strings of tags, their fragments, newlines and text (seeded): the str.find
+    versions give exactly what the paper's regexes give, every format value included."""
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(20_000):
+        text = "".join(rng.choices(FRAGMENTS, k=rng.randrange(0, 12)))
+        assert format_reward(text) == paper_format(text), repr(text)
+        assert extract_answer(text) == paper_answer(text), repr(text)
+        seen.add(format_reward(text))
+    assert seen == FORMAT_VALUES
+
+
 def test_full_marks_total_1_1() -> None:
     scores = countdown_reward(wrap("(44 + 19) + 35"), NUMS, "98")
     assert scores == {"reward": 1.1, "format_reward": 1.0, "answer_reward": 1.0, "accuracy": 1.0}

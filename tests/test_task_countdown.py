@@ -120,6 +120,26 @@ def test_score_keys_and_values() -> None:
     assert scores["closeness"][:2] == [1.0, 0.0]  # the solution; no answer
 
 
+@pytest.mark.parametrize("blind_baseline", [False, True])
+def test_a_repeated_completion_scores_as_it_does_alone(blind_baseline: bool) -> None:
+    """Scoring remembers each (completion, puzzle) pair within a call: rows that repeat one (as
+    members near one mean do) get exactly the scores each gets scored by itself, and the same
+    text on another puzzle is scored for that puzzle."""
+    task = small(blind_baseline=blind_baseline, closeness_weight=0.5, format_weight=0.02)
+    a, b = task.train[0], task.train[1]
+    solution = generate_puzzles(12, 0)[0]["solution"]
+    right = f" r </think>\n<answer>{solution}</answer>"
+    other = " x</think> <answer>1 + 1</answer>"
+    rows = [(a, right), (a, other), (a, right), (b, right), (a, right)]
+    together = task.score([e for e, _ in rows], [c for _, c in rows])
+    examples = [e for e, _ in rows]  # the blind rates are over the call's puzzles: keep them
+    for i, (_, completion) in enumerate(rows):
+        texts = [completion if j == i else f" filler {j}" for j in range(len(rows))]
+        alone = task.score(examples, texts)
+        assert {k: v[i] for k, v in together.items()} == {k: v[i] for k, v in alone.items()}
+    assert together["accuracy"][:4] == [1.0, 0.0, 1.0, 0.0]  # b's puzzle is not a's
+
+
 @pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
 def test_paper_data_file() -> None:
     task = Countdown(data_file=str(PAPER_FILE), eval_samples=None)

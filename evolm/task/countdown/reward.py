@@ -69,9 +69,14 @@ FORMAT_VALUES = frozenset({0.0, 0.1, 0.5, 0.6, 1.0})
 REWARD_VALUES = frozenset(round(0.1 * f + a, 6) for f in FORMAT_VALUES for a in (0.0, 1.0))
 """Every value the ``"reward"`` of :func:`countdown_reward` can take."""
 
-_FULL_FORMAT = re.compile(r"^<think>.*?</think>\n<answer>.*?</answer>$", re.DOTALL)
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The paper's format and answer regexes, ``^<think>.*?</think>\n<answer>.*?</answer>$``,
+# ``<think>.*?</think>`` and ``<answer>(.*?)</answer>`` (re.DOTALL), are evaluated with str.find
+# below: the same results (tests/test_countdown_reward.py checks them against the regexes on
+# 20,000 random tag soups), 4-10x faster on the ~3,000-character completions that scoring a
+# generation's 6,000 rows spends most of its time in.
+_OPEN_THINK, _CLOSE_THINK = "<think>", "</think>"
+_OPEN_ANSWER, _CLOSE_ANSWER = "<answer>", "</answer>"
+_SEPARATOR = "</think>\n<answer>"
 _ALLOWED = re.compile(r"[0-9+\-*/() ]+")
 _INTEGER = re.compile(r"[0-9]+")
 _TOKEN = re.compile(r"\s*(?:([0-9]+)|(\*\*|//|[-+*/()]))")
@@ -95,15 +100,30 @@ def format_reward(completion: str) -> float:
 
     Scored on ``"<think>" + completion`` because the prompt ends with ``<think>``.
     """
-    text = "<think>" + completion
-    if _FULL_FORMAT.match(text):
+    text = _OPEN_THINK + completion
+    if _full_format(text):
         return 1.0
     score = 0.0
-    if _THINK_BLOCK.search(text):
+    if text.find(_CLOSE_THINK, len(_OPEN_THINK)) >= 0:  # the text starts with <think>
         score += 0.1
-    if _ANSWER_BLOCK.search(text):
+    opened = text.find(_OPEN_ANSWER)
+    if opened >= 0 and text.find(_CLOSE_ANSWER, opened + len(_OPEN_ANSWER)) >= 0:
         score += 0.5
     return round(score, 6)
+
+
+def _full_format(text: str) -> bool:
+    """``^<think>.*?</think>\\n<answer>.*?</answer>$`` (DOTALL) matches ``text``, which starts
+    with ``<think>``: a ``</think>\\n<answer>`` after it (the first is the one that leaves the
+    most room), then ``</answer>`` at the end, or before a final newline (``$``)."""
+    found = text.find(_SEPARATOR, len(_OPEN_THINK))
+    if found < 0:
+        return False
+    body = found + len(_SEPARATOR)
+    for ending in (_CLOSE_ANSWER, _CLOSE_ANSWER + "\n"):
+        if text.endswith(ending) and len(text) - len(ending) >= body:
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------- answer
@@ -111,10 +131,14 @@ def format_reward(completion: str) -> float:
 
 def extract_answer(completion: str) -> str | None:
     """The stripped text of the LAST ``<answer>…</answer>`` block, or ``None`` if there is none."""
-    found = _ANSWER_BLOCK.findall(completion)
-    if not found:
-        return None
-    return found[-1].strip()
+    last, start = None, 0
+    while (opened := completion.find(_OPEN_ANSWER, start)) >= 0:  # re.findall's blocks, in order
+        body = opened + len(_OPEN_ANSWER)
+        closed = completion.find(_CLOSE_ANSWER, body)
+        if closed < 0:
+            break
+        last, start = completion[body:closed], closed + len(_CLOSE_ANSWER)
+    return None if last is None else last.strip()
 
 
 class _Malformed(Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -285,28 +285,41 @@ class Countdown(Task):
     def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
         scores: Scores = {k: [] for k in (*SCORE_KEYS, TEMPLATE_ANSWER, FORM, BLIND)}
         refs = [e.reference for e in examples]
-        format_weight, closeness_weight = self.weights
-        puzzles = [(r["numbers"], parse_target(r["target"])) for r in refs]
-        blind = BlindRates(puzzles, closeness_weight)
+        blind = BlindRates(
+            [(r["numbers"], parse_target(r["target"])) for r in refs], self.weights[1]
+        )
+        # members near one mean often write the same text for a puzzle: score each pair once
+        memo: dict[tuple[str, tuple[int, ...], str], dict[str, float]] = {}
         for ref, completion in zip(refs, completions, strict=True):
-            row = countdown_reward(completion, ref["numbers"], ref["target"])
-            row["closeness"] = closeness(completion, ref["numbers"], ref["target"])
-            if self.weights != PAPER_WEIGHTS:  # the paper's is rounded to REWARD_VALUES
-                row["reward"] = (
-                    format_weight * row["format_reward"]
-                    + row["answer_reward"]
-                    + closeness_weight * row["closeness"]
-                )
-            shape = self._shape(completion, ref["numbers"])
-            tokens = None if shape is None else shape.tokens
-            if self.blind_baseline:
-                row["reward"] -= blind.baseline(tokens, ref["numbers"])
-            for key, value in row.items():
-                scores[key].append(value)
-            scores[TEMPLATE_ANSWER].append(float(shape is not None and shape.template))
-            scores[FORM].append(math.nan if shape is None else form_code(shape.form))
-            scores[BLIND].append(blind.of_answer(tokens, ref["numbers"]))
+            key = completion, tuple(ref["numbers"]), str(ref["target"])
+            row = memo.get(key)
+            if row is None:
+                row = memo[key] = self._score_row(completion, ref, blind)
+            for name, value in row.items():
+                scores[name].append(value)
         return scores
+
+    def _score_row(
+        self, completion: str, ref: Mapping[str, Any], blind: BlindRates
+    ) -> dict[str, float]:
+        """One completion's scores, template flag, form code and blind rate."""
+        format_weight, closeness_weight = self.weights
+        row = countdown_reward(completion, ref["numbers"], ref["target"])
+        row["closeness"] = closeness(completion, ref["numbers"], ref["target"])
+        if self.weights != PAPER_WEIGHTS:  # the paper's is rounded to REWARD_VALUES
+            row["reward"] = (
+                format_weight * row["format_reward"]
+                + row["answer_reward"]
+                + closeness_weight * row["closeness"]
+            )
+        shape = self._shape(completion, ref["numbers"])
+        tokens = None if shape is None else shape.tokens
+        if self.blind_baseline:
+            row["reward"] -= blind.baseline(tokens, ref["numbers"])
+        row[TEMPLATE_ANSWER] = float(shape is not None and shape.template)
+        row[FORM] = math.nan if shape is None else form_code(shape.form)
+        row[BLIND] = blind.of_answer(tokens, ref["numbers"])
+        return row
 
     def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
         """How much of this evaluation's accuracy a shortcut explains (names:
