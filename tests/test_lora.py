@@ -9,6 +9,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from evolm import dist
+from evolm.app.modes import make_mode
 from evolm.engine.hf.multilora import load_population
 from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
@@ -22,6 +24,7 @@ from evolm.lora import (
     load_adapter,
     save_adapter,
 )
+from tests.helpers import read_results, run_cli
 
 
 def layout_for(model_dir: str, **spec: object) -> tuple[LoraSpec, LoraLayout]:
@@ -166,3 +169,63 @@ def test_adapter_roundtrip_is_exact_and_atomic(tiny_model_dir: str, tmp_path) ->
     back = load_adapter(path, layout)
     assert all(torch.equal(a * 2, b) for a, b in zip(tensors, back, strict=True))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]  # no temp dirs left
+
+
+def test_init_from_starts_the_mean_at_the_adapter(tiny_model_dir: str, tmp_path) -> None:
+    """``lora.init_from``: the run's first mean is the adapter's tensors, exactly (fp32)."""
+    lora, layout = layout_for(tiny_model_dir, rank=2, alpha=4.0)
+    tensors = random_population(layout, members=2).member(0)
+    path = save_adapter(tmp_path / "adapter", layout, tensors, tiny_model_dir)
+    lora = LoraSpec(rank=2, alpha=4.0, init_from=str(path))
+    mode = make_mode(ES(population_size=4, sigma=0.01), layout, lora, tiny_model_dir)
+    scales = [1.0] * len(layout.shapes())
+    state = mode.start(None, None, seed=0, scales=scales, comm=dist.SINGLE)  # type: ignore[arg-type]
+    assert all(torch.equal(a, b) for a, b in zip(state.mean, tensors, strict=True))
+    assert f"from {path}" in mode.describe(3)
+    drawn = make_mode(ES(population_size=4, sigma=0.01), layout, LoraSpec(rank=2, alpha=4.0), "m")
+    fresh = drawn.start(None, None, seed=0, scales=scales, comm=dist.SINGLE)  # type: ignore[arg-type]
+    assert not all(torch.equal(a, b) for a, b in zip(fresh.mean, tensors, strict=True))
+
+
+def test_init_from_that_cannot_serve_is_a_config_error(tiny_model_dir: str, tmp_path) -> None:
+    """A missing directory, another rank, another set of targets, or full mode: one error naming
+    ``init_from`` and the fix, before the model loads."""
+    with pytest.raises(ConfigError, match=r"^init_from: .*does not exist.*Fix: "):
+        LoraSpec(init_from=str(tmp_path / "nowhere"))
+    _, layout = layout_for(tiny_model_dir, rank=2, alpha=4.0)
+    path = save_adapter(tmp_path / "a", layout, random_population(layout, 2).member(0), "m")
+    with pytest.raises(ConfigError, match=r"^init_from: .*r=2.*Fix: set lora.rank=2 lora.alpha"):
+        LoraSpec(rank=4, alpha=4.0, init_from=str(path))
+    _, attention = layout_for(tiny_model_dir, rank=2, alpha=4.0, target_modules=["q_proj"])
+    narrow = save_adapter(tmp_path / "q", attention, random_population(attention, 2).member(0), "m")
+    with pytest.raises(ConfigError, match=r"^init_from: .*tensors missing"):
+        make_mode(
+            ES(population_size=4), layout, LoraSpec(rank=2, alpha=4.0, init_from=str(narrow)), "m"
+        )
+    with pytest.raises(ConfigError, match=r"^init_from: .*es.mean=full"):
+        full = ES(population_size=4, mean="full")
+        make_mode(full, layout, LoraSpec(rank=2, alpha=4.0, init_from=str(path)), tiny_model_dir)
+
+
+def test_a_run_from_another_runs_adapter_starts_where_it_ended(tmp_path) -> None:
+    """``python -m evolm lora.init_from=<run>/adapter``: the new run's start evaluates the first
+    run's final mean, to the same reward (greedy, CPU)."""
+    args = ["generations=3", "eval_every=3", "es.population_size=6", "task.max_new_tokens=12"]
+    first = run_cli([*args, f"hydra.run.dir={tmp_path / 'a'}"], timeout=180)
+    assert first.returncode == 0, first.stderr[-3000:]
+    adapter = tmp_path / "a" / "adapter"
+    second = run_cli(
+        [*args, "generations=1", f"lora.init_from={adapter}", f"hydra.run.dir={tmp_path / 'b'}"],
+        timeout=180,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    evals = [
+        [
+            (r["generation"], r["eval/reward_mean"])
+            for r in read_results(tmp_path / n)
+            if "eval/reward_mean" in r
+        ]
+        for n in ("a", "b")
+    ]
+    assert evals[0][-1][0] == 3 and evals[1][0][0] == 0
+    assert evals[1][0][1] == evals[0][-1][1] != evals[0][0][1]  # where a ended, not the base

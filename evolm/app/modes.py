@@ -28,10 +28,12 @@ from evolm.callbacks import Callback
 from evolm.callbacks.adapter import AdapterWriter
 from evolm.callbacks.model import ModelWriter
 from evolm.engine.base import Engine
+from evolm.errors import ConfigError
 from evolm.es import ES, ESState
 from evolm.es.lowrank import FullES
-from evolm.lora import LoraLayout, LoraSpec, es_scales
+from evolm.lora import LoraLayout, LoraSpec, es_scales, load_adapter
 from evolm.lora.norms import target_weights
+from evolm.lora.peft_io import AdapterError
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +71,29 @@ class Mode(Protocol):
 
 
 def make_mode(es: ES, layout: LoraLayout, lora: LoraSpec, model_path: str) -> Mode:
-    """The run's mode for the config's ``es`` (its ``mean`` key) and the model's layout."""
+    """The run's mode for the config's ``es`` (its ``mean`` key) and the model's layout; a
+    ``lora.init_from`` adapter is read here, before the model loads."""
     if es.mean == "full":
+        if lora.init_from is not None:
+            raise ConfigError(
+                "init_from",
+                "starts a LoRA mean; es.mean=full starts from the model's weights",
+                "use es.mean=lora, or a model with the adapter merged in (python -m "
+                "evolm.export RUN)",
+            )
         names = tuple(f"{t.path}.weight" for t in layout.targets)
         strategy = FullES.of(es, rank=layout.rank, lora_scaling=layout.scaling, names=names)
         # the folder, not a hub id: every engine (SGLang too) reloads its weights from files
         return FullMode(strategy, layout, local_model_dir(model_path))
-    return LoraMode(es, layout, lora, model_path)
+    initial = None
+    if lora.init_from is not None:
+        try:
+            initial = load_adapter(lora.init_from, layout)
+        except AdapterError as e:
+            raise ConfigError(
+                "init_from", str(e), "give an adapter of this model, rank and targets"
+            ) from None
+    return LoraMode(es, layout, lora, model_path, initial)
 
 
 def on_device(state: ESState, comm: dist.Comm) -> ESState:
@@ -94,13 +112,15 @@ class LoraMode:
     layout: LoraLayout
     lora: LoraSpec
     model_path: str
+    initial: list[torch.Tensor] | None = None  # lora.init_from's tensors (fp32, layout order)
 
     def describe(self, generations: int) -> str:
         layout = self.layout
+        start = "" if self.lora.init_from is None else f", from {self.lora.init_from}"
         return (
             f"ES over {layout.numel()} LoRA parameters ({len(layout.targets)} targets, rank "
-            f"{layout.rank}), population {self.strategy.population_size}, {generations} "
-            "generations"
+            f"{layout.rank}{start}), population {self.strategy.population_size}, "
+            f"{generations} generations"
         )
 
     def mean_shapes(self) -> list[tuple[int, ...]]:
@@ -118,7 +138,8 @@ class LoraMode:
         and CUDA generators differ, so a GPU run's noise differs from a CPU run's)."""
         if restored is not None:
             return on_device(restored, comm)
-        mean = [m.to(comm.device) for m in self.layout.init_mean(self.lora, scales, seed)]
+        drawn = self.initial or self.layout.init_mean(self.lora, scales, seed)
+        mean = [m.to(comm.device) for m in drawn]
         # es.sigma is in lora.sigma_units
         return self.strategy.init(mean, seed, es_scales(self.lora, scales))
 

@@ -38,6 +38,10 @@ class LoraSpec:
             as in full-parameter ES (the paper's sigma): the factors are perturbed by
             ``sigma * factor_noise_unit`` (see :attr:`factor_noise_unit`). ``factor``: the
             literal std of the noise added to the factors A and B.
+        init_from: a PEFT LoRA adapter directory whose weights are the initial mean instead of
+            ``init``'s draw: an evolm run's ``adapter/`` or any adapter of this rank, alpha and
+            targets (continue fine-tuning an adapter with ES). ``init_scale`` still sets
+            ``weight`` units' noise (the unit assumes A's entries have std ``init_scale``).
     """
 
     rank: int = 4
@@ -48,6 +52,7 @@ class LoraSpec:
     init_scale: float = 0.01
     noise_scale: str = "uniform"
     sigma_units: str = "weight"
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -93,6 +98,27 @@ class LoraSpec:
                 "init_scale",
                 "is 0, so no member changes a weight to first order (dW = B eps_A + eps_B A = 0)",
                 "set lora.init_scale > 0, e.g. 0.1",
+            )
+        if self.init_from is not None:
+            self._check_init_from(self.init_from)
+
+    def _check_init_from(self, path: str) -> None:
+        """The adapter's config is readable and of this rank and alpha (its tensors are checked
+        against the model's layout when the run's mode is made, before the model loads)."""
+        from evolm.lora.peft_io import AdapterError, read_adapter_config  # it imports this
+
+        try:
+            config = read_adapter_config(path)
+        except AdapterError as e:
+            raise ConfigError(
+                "init_from", str(e), "give a PEFT LoRA adapter directory, e.g. <run>/adapter"
+            ) from None
+        if config["r"] != self.rank or float(config["lora_alpha"]) != float(self.alpha):
+            raise ConfigError(
+                "init_from",
+                f"{path} has r={config['r']}, lora_alpha={config['lora_alpha']}, the run "
+                f"lora.rank={self.rank}, lora.alpha={self.alpha}",
+                f"set lora.rank={config['r']} lora.alpha={config['lora_alpha']}",
             )
 
     @property
