@@ -40,6 +40,7 @@ ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def regex_format(completion: str) -> float:
+    """The format reward as the paper's reward script computes it, with its regexes."""
     text = "<think>" + completion
     if FULL.match(text):
         return 1.0
@@ -47,6 +48,7 @@ def regex_format(completion: str) -> float:
 
 
 def regex_answer(completion: str) -> str | None:
+    """The last answer block's stripped text as the paper's script finds it (re.findall)."""
     found = ANSWER.findall(completion)
     return found[-1].strip() if found else None
 

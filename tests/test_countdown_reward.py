@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.score_host import regex_answer, regex_format
 from evolm.errors import ConfigError
 from evolm.task.countdown import data as countdown_data
 from evolm.task.countdown.data import FIELDS, generate_puzzles, load_countdown_json
@@ -91,38 +92,22 @@ def test_format_reward(completion: str, expected: float) -> None:
 # --------------------------------------------------------------------------- answer reward
 
 
-# The paper's regexes (its reward script), which format_reward and extract_answer evaluate
-# with str.find.
-PAPER_FULL_FORMAT = re.compile(r"^<think>.*?</think>\n<answer>.*?</answer>$", re.DOTALL)
-PAPER_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-PAPER_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 FRAGMENTS = [
     "<think>", "</think>", "<answer>", "</answer>", "\n", "</think>\n<answer>", "x", " 3 + 4 ",
     "<", ">", "/", "answer", "think", "</answer>\n", "\n\n",
 ]  # fmt: skip
 
 
-def paper_format(completion: str) -> float:
-    text = "<think>" + completion
-    if PAPER_FULL_FORMAT.match(text):
-        return 1.0
-    return round(0.1 * bool(PAPER_THINK.search(text)) + 0.5 * bool(PAPER_ANSWER.search(text)), 6)
-
-
-def paper_answer(completion: str) -> str | None:
-    found = PAPER_ANSWER.findall(completion)
-    return found[-1].strip() if found else None
-
-
 def test_format_and_answer_are_the_papers_regexes_on_random_tag_soups() -> None:
     """20,000 strings of tags, their fragments, newlines and text (seeded): the str.find
-    versions give exactly what the paper's regexes give, every format value included."""
+    versions give exactly what the paper's regexes give (its reward script's, kept in
+    benchmarks.score_host as the before), every format value included."""
     rng = random.Random(0)
     seen = set()
     for _ in range(20_000):
         text = "".join(rng.choices(FRAGMENTS, k=rng.randrange(0, 12)))
-        assert format_reward(text) == paper_format(text), repr(text)
-        assert extract_answer(text) == paper_answer(text), repr(text)
+        assert format_reward(text) == regex_format(text), repr(text)
+        assert extract_answer(text) == regex_answer(text), repr(text)
         seen.add(format_reward(text))
     assert seen == FORMAT_VALUES
 
