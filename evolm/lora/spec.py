@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from evolm.errors import ConfigError
+from evolm.lora.adapter_files import AdapterError, read_adapter_config
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -105,8 +106,6 @@ class LoraSpec:
     def _check_init_from(self, path: str) -> None:
         """The adapter's config is readable and of this rank and alpha (its tensors are checked
         against the model's layout when the run's mode is made, before the model loads)."""
-        from evolm.lora.peft_io import AdapterError, read_adapter_config  # it imports this
-
         try:
             config = read_adapter_config(path)
         except AdapterError as e:
