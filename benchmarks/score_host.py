@@ -11,7 +11,7 @@ that every generation logs. The same rows are also scored with the paper's regex
 format reward and the answer block, patched in, as scoring ran before they were evaluated with
 ``str.find``. Best of ``--repeat`` runs each, side by side in one process.
 
-    PYTHONPATH=. python -m benchmarks.score_host --data ../shared/data/countdown/countdown.json
+    PYTHONPATH=. python -m benchmarks.score_host --data countdown.json   (the paper's file)
 """
 
 from __future__ import annotations
