@@ -148,8 +148,8 @@ def run_methods(commands: dict[str, list[str]], out: Path, devices: Sequence[str
         name: _start(name, command, out, device)
         for (name, command), device in zip(commands.items(), devices, strict=True)
     }
-    for name, (process, start) in started.items():
-        _wait(name, (process, start), out)
+    for name, process in started.items():
+        _wait(name, process, out)
 
 
 def _start(
