@@ -6,7 +6,10 @@
 # Expects /root/p/<model>.part-* (the model's GGUF in pieces, as carried), /root/countdown.json,
 # and the wheelhouse installed. The run stops itself after SECONDS with SIGTERM (evolm
 # checkpoints its last generation and exits 143); `resume=/root/runs/NAME` continues it.
+# SECONDS counts from the call: the GGUF's first conversion (~95 s at 0.5B) comes out of it, so
+# convert first (`bash launch.sh 0 0 - q05 convert`), then compute time_budget_s and launch.
 set -u
+t0=$(date +%s)
 export EVOLM_CACHE_DIR=/root/evcache EVOLM_COUNTDOWN_JSON=/root/countdown.json PYTHONUNBUFFERED=1
 T=$1; gpu=$2; name=$3; m=$4; over=$5
 [ -f /root/$m.gguf ] || cat /root/p/$m.part-* > /root/$m.gguf
@@ -19,6 +22,8 @@ if [ ! -f /root/$m.converted ]; then  # convert once, before runs start side by 
   python3 -c "from evolm.model import GGUFModel; print(GGUFModel(name='$model', gguf_file='/root/$m.gguf').resolve())" 2>&1 | tail -1
   touch /root/$m.converted
 fi
+[ "$over" = convert ] && exit 0
+T=$(( T - ($(date +%s) - t0) ))  # session 10's f05 outlived its lease by the conversion
 mkdir -p /root/runs
 if [ "${over%% *}" = resume ]; then  # a resume may change only time_budget_s, eval_every(_s)
   args="resume=/root/runs/$name ${over#resume}"
