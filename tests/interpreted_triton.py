@@ -21,6 +21,7 @@ from test_fastpath import check_forced, check_triton_ops, llama_model, populatio
 from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.shapes import build_model
 from evolm.engine.local import LocalEngine
+from evolm.engine.options import Tuning
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.sampling import Sampling
 
@@ -48,6 +49,29 @@ def check_slots(engine: LocalEngine, layout: LoraLayout) -> bool:
     return bool(torch.equal(triton_tokens, eager_tokens))
 
 
+def check_speculate(engine: LocalEngine, layout: LoraLayout) -> dict[str, float]:
+    """Speculative decoding's verify steps in Triton mode (``server.speculate``: k + 1 tokens a
+    row through the fused LoRA, RoPE and norm kernels, per-token members): the same greedy tokens
+    as plain decoding in Triton mode, rows of two members with their own budgets and left
+    padding. Returns ``equal`` (1.0 or 0.0) and the verify steps' counts."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 200, (3, 5), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[2, :2] = 0
+    rows, masks, pop = ids.repeat(2, 1), mask.repeat(2, 1), population(layout, 2)
+    sampling, budgets = Sampling(max_new_tokens=14), [14, 6, 10] * 2
+    plain = generate_ids(engine, rows, masks, pop, sampling, budgets=budgets, eos_ids=[])
+    spec = with_options(engine, Tuning(speculate_rows=1000), speculate=3)
+    got = generate_ids(spec, rows, masks, pop, sampling, budgets=budgets, eos_ids=[])
+    timings = spec.last_timings
+    return {
+        "equal": float(torch.equal(got, plain)),
+        "spec_steps": timings.get("spec_steps", 0.0),
+        "spec_kept": timings.get("spec_kept", 0.0),
+        "plain_steps": engine.last_timings["steps"],
+    }
+
+
 def check_quantizer() -> bool:
     """The per-row fp8 quantizer (``quantization=fp8``) on rows of values fp8 holds exactly
     after scaling (each row's amax 448 times a power of two; the interpreter's own fp32 -> fp8
@@ -68,15 +92,19 @@ def check_quantizer() -> bool:
     return same and torch.equal(scale, ref_scale) and not x.is_contiguous()
 
 
-def main() -> None:
+def main(only: str | None = None) -> None:
+    """Every check, or with ``only="speculate"`` that one alone (half a minute)."""
     assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1"
-    check_triton_ops(torch.device("cpu"), torch.float32)
     model = build_model("tiny", torch.device("cpu"), torch.float32, seed=3)
     layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=3))
     engine = from_model(model, layout, fast=True)
     assert engine.fast is not None
     engine.fast.scheduler.model.set_ops("triton")
-    out = {}
+    out: dict[str, object] = {"speculate": check_speculate(engine, layout)}
+    if only == "speculate":
+        print(json.dumps(out))
+        return
+    check_triton_ops(torch.device("cpu"), torch.float32)
     for prompts in (16, 3):  # rows per member: 16-row kernel programs, or 1-row ones
         out[f"lora_{prompts}"] = check_forced(engine, population(layout, 3), prompts)
         out[f"base_{prompts}"] = check_forced(engine, None, prompts)
@@ -99,4 +127,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

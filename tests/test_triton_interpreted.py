@@ -23,15 +23,7 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     HF model with MultiLoraLinear: the same <= 1e-4 as the eager fast path. Continuous
     batching's kernel variants give the eager path's greedy tokens. Then the same on a
     SmolLM2-shaped Llama (no q/k/v bias, tied embeddings, 3 query heads per KV head)."""
-    script = Path(__file__).with_name("interpreted_triton.py")
-    root = str(script.parents[1])  # the script imports benchmarks/ (not installed)
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_interpreted()
     for key in ("lora_16", "base_16", "lora_3", "base_3", "llama_lora"):
         assert out[key] <= 1e-4, (key, out)
     hidden_qkv = 128 + 2 * 64  # tiny model: q 128, k and v 64 each
@@ -39,3 +31,30 @@ def test_triton_fast_path_equals_hf_interpreted() -> None:
     assert out["slots_equal"], "continuous batching's kernels disagree with the eager path"
     assert out["slots_fp8_equal"], "the fp8 cache's kernels disagree with the eager fp8 path"
     assert out["quantizer_equal"], "the fp8 row quantizer disagrees with its torch ops"
+    assert_speculation_exact(out["speculate"])
+
+
+def test_speculative_decoding_equals_plain_in_triton_mode() -> None:
+    """``server.speculate``'s verify steps through the GPU path's kernels (interpreted): the
+    tokens of plain decoding, in fewer steps. The CPU tests check the eager path; this is the
+    only check of the Triton one short of a GPU."""
+    assert_speculation_exact(run_interpreted("speculate")["speculate"])
+
+
+def assert_speculation_exact(spec: dict[str, float]) -> None:
+    assert spec["equal"] == 1.0, spec
+    assert 0 < spec["spec_steps"] < spec["plain_steps"], spec  # verify steps ran, fewer of them
+    assert spec["spec_kept"] > spec["spec_steps"], spec  # and kept drafted tokens
+
+
+def run_interpreted(*args: str) -> dict:
+    """``interpreted_triton.py`` in a subprocess with ``TRITON_INTERPRET=1``: its JSON line."""
+    script = Path(__file__).with_name("interpreted_triton.py")
+    root = str(script.parents[1])  # the script imports benchmarks/ (not installed)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
