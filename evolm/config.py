@@ -135,6 +135,7 @@ class Config:
     eval_start: bool = True
     time_budget_s: float | None = None
     eval_every_s: float | None = None
+    keep_best: str | None = None  # a metric of the mean's evals: its best mean kept (MeanWriter)
     output_dir: str = MISSING
     optimized_metric: Any = M.EVAL_REWARD  # a name, or a list of names (multi-objective)
     tags: list[str] = field(default_factory=list)

@@ -3,17 +3,26 @@ clear error for a ``_target_`` that moved to evolm.callbacks."""
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from evolm.app import train
 from evolm.app.resume import resumed_config
 from evolm.callbacks import Callback
+from evolm.callbacks.base import RunContext
+from evolm.callbacks.record import GenerationRecord, Record
+from evolm.callbacks.writer import BEST_FILE, MeanWriter
 from evolm.errors import ConfigError
+from evolm.es import ESState
 from evolm.preflight.trust import MOVED
 from tests.conftest import SHORT_RUN
 from tests.helpers import REPO, compose_config, read_results, run_cli
@@ -76,3 +85,62 @@ def test_a_resumed_config_with_an_old_target_is_read_with_the_new_path(tmp_path:
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     resumed = resumed_config(compose_config([f"resume={tmp_path}"]))
     assert resumed.callbacks.progress._target_ == "evolm.callbacks.progress.ProgressBar"
+
+
+class SavesRecorded(MeanWriter):
+    """A :class:`MeanWriter` whose saves are recorded, not written: (directory, generation of
+    the state saved, the extra files)."""
+
+    def __init__(self, best: str | None) -> None:
+        super().__init__("adapter", best)
+        self.saved: list[tuple[str, int, dict[str, str]]] = []
+
+    def save(self, path: Path, ctx: RunContext, state: ESState, extra: Mapping[str, str]) -> None:
+        self.saved.append((path.name, state.generation, dict(extra)))
+
+
+def replay(writer: MeanWriter, evals: Sequence[float | None], history: list[Record]) -> None:
+    """A run of ``len(evals)`` records (``None``: a generation without an evaluation)."""
+    ctx = RunContext(Path("run"), len(evals), None, "base", history=history)  # type: ignore[arg-type]
+    state = ESState(mean=[torch.zeros(1)], seed=0, generation=len(history))
+    writer.on_run_start(ctx, state)
+    for value in evals:
+        ev = {} if value is None else {"eval/reward_mean": value, "time/eval_s": 1.0}
+        writer.on_generation_end(ctx, GenerationRecord(state.generation, eval=ev), state)
+        state.generation += 1
+    writer.on_run_end(ctx, {}, state)
+
+
+def test_keep_best_keeps_the_first_highest_eval_and_a_resume_goes_on_from_its_records() -> None:
+    """``keep_best``: a save at each eval that beats every earlier one (not at a tie, a lower
+    value, a NaN or a generation without an eval), ``best.json`` naming it; the final mean at
+    the end whatever it scored. A resume starts from the best in its records."""
+    writer = SavesRecorded("eval/reward_mean")
+    replay(writer, [0.1, None, 0.5, 0.5, 0.3, math.nan], [])
+    assert [(d, g) for d, g, _ in writer.saved] == [
+        ("adapter-best", 0),
+        ("adapter-best", 2),
+        ("adapter", 6),
+    ]
+    note = json.loads(writer.saved[1][2][BEST_FILE])
+    assert note == {"generation": 2, "metric": "eval/reward_mean", "value": 0.5}
+    assert writer.saved[2][2] == {}  # the final adapter has no best.json
+    resumed = SavesRecorded("eval/reward_mean")
+    history = [
+        {"generation": 0, "eval/reward_mean": 0.1},
+        {"generation": 2, "eval/reward_mean": 0.5},
+    ]
+    replay(resumed, [0.4, 0.6], history)
+    assert [(d, g) for d, g, _ in resumed.saved] == [("adapter-best", 3), ("adapter", 4)]
+    off = SavesRecorded(None)
+    replay(off, [0.1, 0.5], [])
+    assert [d for d, _, _ in off.saved] == ["adapter"]
+
+
+def test_keep_best_of_a_metric_the_evals_lack_warns_once_and_keeps_nothing(caplog) -> None:
+    writer = SavesRecorded("eval/accuracy_mean")  # a conciseness run has no accuracy
+    with caplog.at_level(logging.WARNING):
+        replay(writer, [0.1, 0.5, 0.7], [])
+    assert [d for d, _, _ in writer.saved] == ["adapter"]
+    warnings = [r.getMessage() for r in caplog.records if "keep_best" in r.getMessage()]
+    assert len(warnings) == 1 and "eval/reward_mean" in warnings[0]  # it names what there is

@@ -82,6 +82,7 @@ BAD = [
     ),
     ("+extra_evals.x._target_=evolm.es.ES", "extra_evals.x._target_"),
     ("optimized_metric=[eval/reward_mean,[x]]", "optimized_metric"),
+    ("keep_best=accuracy", "keep_best"),
 ]
 
 

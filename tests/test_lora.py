@@ -209,11 +209,25 @@ def test_init_from_that_cannot_serve_is_a_config_error(tiny_model_dir: str, tmp_
 
 def test_a_run_from_another_runs_adapter_starts_where_it_ended(tmp_path) -> None:
     """``python -m evolm lora.init_from=<run>/adapter``: the new run's start evaluates the first
-    run's final mean, to the same reward (greedy, CPU)."""
-    args = ["generations=3", "eval_every=3", "es.population_size=6", "task.max_new_tokens=12"]
-    first = run_cli([*args, f"hydra.run.dir={tmp_path / 'a'}"], timeout=180)
+    run's final mean, to the same reward (greedy, CPU). The first run also keeps its best
+    evaluation's mean (``keep_best``): ``adapter-best/best.json`` names the first of its
+    highest evals, and the adapter is the final one exactly when that eval is the last."""
+    args = ["generations=3", "eval_every=1", "es.population_size=6", "task.max_new_tokens=12"]
+    first = run_cli(
+        [*args, "keep_best=eval/reward_mean", f"hydra.run.dir={tmp_path / 'a'}"], timeout=180
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     adapter = tmp_path / "a" / "adapter"
+    rewards = [r["eval/reward_mean"] for r in read_results(tmp_path / "a")]
+    best = json.loads((tmp_path / "a" / "adapter-best" / "best.json").read_text())
+    assert best == {
+        "generation": rewards.index(max(rewards)),
+        "metric": "eval/reward_mean",
+        "value": max(rewards),
+    }
+    final = (adapter / "adapter_model.safetensors").read_bytes()
+    kept = (tmp_path / "a" / "adapter-best" / "adapter_model.safetensors").read_bytes()
+    assert (kept == final) == (best["generation"] == 3)
     second = run_cli(
         [*args, "generations=1", f"lora.init_from={adapter}", f"hydra.run.dir={tmp_path / 'b'}"],
         timeout=180,

@@ -47,6 +47,13 @@ def check_run_keys(cfg: DictConfig) -> None:
                 f"e.g. {key}=1200 (time/train_s counts generate, score and update only)",
             )
     check_objectives(cfg.optimized_metric)
+    best = cfg.get("keep_best")
+    if best is not None and (not isinstance(best, str) or "/" not in best):
+        raise ConfigError(
+            "keep_best",
+            f"must name a metric of the mean's evaluations, or be null, got {best!r}",
+            "e.g. keep_best=eval/accuracy_mean (countdown) or keep_best=eval/reward_mean",
+        )
 
 
 def preflight(task: Task, group: str = "task") -> None:

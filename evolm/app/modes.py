@@ -61,8 +61,9 @@ class Mode(Protocol):
         with the engine made ready to serve it."""
         ...
 
-    def writer(self) -> Callback:
-        """The callback that writes the final mean (first among the callbacks)."""
+    def writer(self, best: str | None = None) -> Callback:
+        """The callback that writes the final mean (first among the callbacks), and with
+        ``best`` (``keep_best``) the best evaluation's mean."""
         ...
 
     def close(self, engine: Engine, multirun: bool) -> None:
@@ -143,8 +144,8 @@ class LoraMode:
         # es.sigma is in lora.sigma_units
         return self.strategy.init(mean, seed, es_scales(self.lora, scales))
 
-    def writer(self) -> Callback:
-        return AdapterWriter()
+    def writer(self, best: str | None = None) -> Callback:
+        return AdapterWriter(best=best)
 
     def close(self, engine: Engine, multirun: bool) -> None:
         """Nothing: the engine's base weights never moved."""
@@ -200,8 +201,8 @@ class FullMode:
         engine.update_base_weights(self.strategy.named(state))  # a resumed run's master
         return state
 
-    def writer(self) -> Callback:
-        return ModelWriter(self.model_path, self.strategy.names)
+    def writer(self, best: str | None = None) -> Callback:
+        return ModelWriter(self.model_path, self.strategy.names, best=best)
 
     def close(self, engine: Engine, multirun: bool) -> None:
         """In a multirun, the next trial meets the base weights again (a server that outlives

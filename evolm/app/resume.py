@@ -19,10 +19,11 @@ from evolm.preflight import trust
 
 log = logging.getLogger(__name__)
 
-EXTENDABLE = ("time_budget_s", "eval_every", "eval_every_s")
-"""Run-wide keys a resume may change: when the run stops and when it evaluates the mean, never
-what a generation does (``resume=RUN time_budget_s=3600`` continues a run that stopped at its
-time budget). The run's ``config.yaml`` is rewritten with them, so a later resume keeps them."""
+EXTENDABLE = ("time_budget_s", "eval_every", "eval_every_s", "keep_best")
+"""Run-wide keys a resume may change: when the run stops, when it evaluates the mean and which
+evaluation's mean it keeps, never what a generation does (``resume=RUN time_budget_s=3600``
+continues a run that stopped at its time budget). The run's ``config.yaml`` is rewritten with
+them, so a later resume keeps them."""
 
 
 def override_key(override: str) -> str:

@@ -167,7 +167,7 @@ def make_loop(
         seed=cfg.seed,
         time_budget_s=cfg.time_budget_s,
         eval_every_s=cfg.eval_every_s,
-        callbacks=run_callbacks(parts, comm, mode.writer()),
+        callbacks=run_callbacks(parts, comm, mode.writer(cfg.get("keep_best"))),
         comm=comm,
         base_norm=base_norm,
         extra_evals=parts.extra_evals,

@@ -6,7 +6,9 @@ config groups name:
   (``ResultsWriter``: ``results.jsonl``), :mod:`~evolm.callbacks.plot` (``EvolutionPlot``),
   :mod:`~evolm.callbacks.samples` (``SampleWriter``), :mod:`~evolm.callbacks.checkpoint`
   (``Checkpointer``), :mod:`~evolm.callbacks.health` (``LearningMonitor``),
-  :mod:`~evolm.callbacks.adapter` (``AdapterWriter``, always added by the composition root);
+  :mod:`~evolm.callbacks.adapter` (``AdapterWriter``, always added by the composition root;
+  with ``es.mean=full`` :mod:`~evolm.callbacks.model`'s ``ModelWriter``; both write the best
+  evaluation's mean too with ``keep_best``: :mod:`~evolm.callbacks.writer`);
 - :mod:`~evolm.callbacks.mlflow` (``MLflowLogger``, the ``logger=mlflow`` group).
 
 Storage they use lives apart: :mod:`evolm.tracking` (the MLflow store, run info, the figure),

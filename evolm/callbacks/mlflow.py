@@ -57,7 +57,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-DEFAULT_ARTIFACTS = ("config.yaml", "results.jsonl", "figures/evolution.png", "samples", "adapter")
+DEFAULT_ARTIFACTS = (
+    "config.yaml",
+    "results.jsonl",
+    "figures/evolution.png",
+    "samples",
+    "adapter",
+    "adapter-best",
+)
 PERMANENT = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS"}
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch
 RUN_DIR_TAG = "evolm.run_dir"  # the run directory (resolved) of the evolm run an MLflow run logs

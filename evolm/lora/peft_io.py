@@ -9,7 +9,7 @@ a directory is written beside the target and renamed into place.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -65,8 +65,10 @@ def save_adapter(
     tensors: Sequence[torch.Tensor],
     base_model: str,
     dtype: torch.dtype = torch.float32,
+    extra: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write one adapter directory atomically (replacing any previous one) and return it."""
+    """Write one adapter directory atomically (replacing any previous one) and return it;
+    ``extra``: more text files in it, by name (e.g. ``best.json``)."""
     path = Path(path)
     if len(tensors) != len(layout.shapes()):
         raise ValueError(f"{len(tensors)} tensors for a layout of {len(layout.shapes())}")
@@ -77,6 +79,8 @@ def save_adapter(
         }
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(adapter_config(layout, base_model), indent=2))
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
         publish_dir(tmp, path)
     return path
 

@@ -37,9 +37,11 @@ def save_model(
     base_dir: str | Path,
     named: Mapping[str, torch.Tensor],
     dtype: torch.dtype | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``base_dir`` with the tensors of ``named`` replaced to ``path`` (atomically,
-    replacing an earlier one); every name must exist in the base's weights."""
+    replacing an earlier one); every name must exist in the base's weights. ``extra``: more
+    text files in it, by name."""
     path, base_dir = Path(path), Path(base_dir)
     files = weight_files(base_dir)
     left = set(named)
@@ -56,5 +58,7 @@ def save_model(
             del state
         if left:
             raise KeyError(f"{len(left)} weights are not in {base_dir}, e.g. {sorted(left)[0]}")
+        for file, text in (extra or {}).items():
+            (tmp / file).write_text(text)
         publish_dir(tmp, path)
     return path

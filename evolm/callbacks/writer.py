@@ -1,0 +1,82 @@
+"""The mean written in the run's format: at the end, and at its best evaluation (``keep_best``).
+
+:class:`MeanWriter` is the base of the final mean's writers (:class:`~evolm.callbacks.adapter.
+AdapterWriter`, :class:`~evolm.callbacks.model.ModelWriter`): a subclass says how a mean is
+saved; this class says when. With ``best`` (the root key ``keep_best``: a metric of the mean's
+evaluation, higher is better, e.g. ``eval/accuracy_mean``), every evaluation whose value beats
+all earlier ones writes the mean to ``<run dir>/<dirname>-best`` as well, atomically, with
+``best.json`` (``generation``, ``metric``, ``value``) inside: an ES run whose mean peaks and
+then drifts (a fixed step size keeps moving it) keeps its best adapter. A resumed run goes on
+from the best of its records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from evolm.callbacks.base import Callback, RunContext
+from evolm.callbacks.record import GenerationRecord, Record
+from evolm.es import ESState
+
+log = logging.getLogger(__name__)
+
+BEST_FILE = "best.json"
+
+
+class MeanWriter(Callback):
+    """Writes the mean to ``<run dir>/<dirname>`` at the end of the run and, with ``best``, to
+    ``<run dir>/<dirname>-best`` at each new best evaluation (see the module docstring)."""
+
+    what = "mean"
+
+    def __init__(self, dirname: str, best: str | None = None) -> None:
+        self.dirname, self.best = dirname, best
+        self._best_value: float | None = None
+        self._warned = False
+
+    def save(self, path: Path, ctx: RunContext, state: ESState, extra: Mapping[str, str]) -> None:
+        """Write ``state``'s mean to ``path`` (atomically), with the text files ``extra``."""
+        raise NotImplementedError
+
+    def on_run_start(self, ctx: RunContext, state: ESState) -> None:
+        if self.best is not None:
+            seen = [_finite(r.get(self.best)) for r in ctx.history]
+            self._best_value = max((v for v in seen if v is not None), default=None)
+
+    def on_generation_end(self, ctx: RunContext, record: GenerationRecord, state: ESState) -> None:
+        if self.best is None or not record.eval:
+            return
+        value = _finite(record.eval.get(self.best))
+        if self.best not in record.eval:
+            if not self._warned:
+                log.warning(
+                    "keep_best=%s is not among this run's eval metrics, so no best mean is "
+                    "kept; name one of: %s",
+                    self.best,
+                    ", ".join(sorted(k for k in record.eval if "/" in k)),
+                )
+                self._warned = True
+            return
+        if value is None or (self._best_value is not None and value <= self._best_value):
+            return
+        self._best_value = value
+        path = Path(ctx.output_dir) / f"{self.dirname}-best"
+        note = {"generation": record.generation, "metric": self.best, "value": value}
+        self.save(path, ctx, state, {BEST_FILE: json.dumps(note, indent=2)})
+        generation = record.generation
+        log.info("best %s so far, %.6g at generation %d: %s", self.best, value, generation, path)
+
+    def on_run_end(self, ctx: RunContext, summary: Record, state: ESState) -> None:
+        path = Path(ctx.output_dir) / self.dirname
+        self.save(path, ctx, state, {})
+        log.info("final %s: %s", self.what, path)
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
