@@ -50,17 +50,17 @@ class MeanWriter(Callback):
     def on_generation_end(self, ctx: RunContext, record: GenerationRecord, state: ESState) -> None:
         if self.best is None or not record.eval:
             return
-        value = _finite(record.eval.get(self.best))
         if self.best not in record.eval:
             if not self._warned:
                 log.warning(
                     "keep_best=%s is not among this run's eval metrics, so no best mean is "
                     "kept; name one of: %s",
                     self.best,
-                    ", ".join(sorted(k for k in record.eval if "/" in k)),
+                    ", ".join(sorted(k for k in record.eval if k.startswith("eval/"))),
                 )
                 self._warned = True
             return
+        value = _finite(record.eval[self.best])
         if value is None or (self._best_value is not None and value <= self._best_value):
             return
         self._best_value = value
