@@ -19,20 +19,25 @@ import torch
 from baselines.runconfig import SharedParts
 from evolm import metrics as M
 from evolm.callbacks import Record
-from evolm.loop import eval_metrics
+from evolm.callbacks.base import Sample
+from evolm.loop import eval_metrics, eval_samples
 from evolm.lora import LoraPopulation
 
 log = logging.getLogger(__name__)
 
 
-def evaluate_adapter(parts: SharedParts, tensors: Sequence[torch.Tensor], seed: int) -> Record:
-    """The ``eval/*`` metrics of the adapter ``tensors`` (``parts.layout``'s order, fp32) and
-    ``time/eval_s`` (the engine's load included)."""
+def evaluate_adapter(
+    parts: SharedParts, tensors: Sequence[torch.Tensor], seed: int
+) -> tuple[Record, list[Sample]]:
+    """The ``eval/*`` metrics of the adapter ``tensors`` (``parts.layout``'s order, fp32) with
+    ``time/eval_s`` (the engine's load included), and every eval prompt with its completion and
+    scores (what the ES run's ``samples/`` holds)."""
     start = time.perf_counter()
     engine = parts.make_engine()
     try:
         adapter = LoraPopulation.single(parts.layout, [t.detach().float() for t in tensors])
-        metrics, _ = eval_metrics(engine, parts.task, adapter, seed, extra_evals=parts.extra_evals)
+        metrics, ev = eval_metrics(engine, parts.task, adapter, seed, extra_evals=parts.extra_evals)
+        samples = eval_samples(engine, parts.task, ev, range(len(parts.task.eval_examples())))
     finally:
         engine.close()
         del engine
@@ -46,4 +51,4 @@ def evaluate_adapter(parts: SharedParts, tensors: Sequence[torch.Tensor], seed: 
         metrics.get(M.eval_score(M.CORRECT_SCORE), "n/a"),
         seconds,
     )
-    return {**metrics, M.EVAL_S: seconds}
+    return {**metrics, M.EVAL_S: seconds}, samples

@@ -10,7 +10,9 @@ the model, task, LoRA layout (rank, alpha, targets), ``seed``, ``generations`` (
 ``server.*`` sets the engine that evaluates. The run directory gets ``results.jsonl`` (evolm's
 keys: ``eval/*`` as the ES mean's, ``train/fitness_mean`` the mean reward of the step's
 completions, ``time/train_s``; TRL's logs as ``grpo/*``), ``peak_memory.json``,
-``config.yaml`` and the final ``adapter/`` (PEFT format).
+``config.yaml``, the final ``adapter/`` (PEFT format) and, at each evaluation, the first
+``callbacks.samples.count`` eval prompts with the adapter's completions and scores in
+``samples/gen-<step>.jsonl`` (the ES run's ``samples/``, the same count).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from baselines.grpo_budget import BudgetCallback
 from baselines.grpo_data import TaskReward, train_dataset, train_split
 from baselines.grpo_settings import PREFIX, GRPOSettings, parse_settings, trl_config
 from baselines.runconfig import SharedParts, build_shared, compose_run
+from evolm.callbacks import Record
+from evolm.callbacks.samples import SampleWriter
 from evolm.errors import ConfigError
 from evolm.loop import TrainClock
 
@@ -98,9 +102,16 @@ def build_trainer(parts: SharedParts, settings: GRPOSettings, prompts: int, run_
     args = trl_config(settings, run_dir / "trl", prompts, max_tokens, cfg.generations, cfg.seed)
     eos = tokenizer.eos_token_id
     reward = TaskReward(task, examples, [] if eos is None else [eos], max_tokens)
+    writer = SampleWriter(count=OmegaConf.select(cfg, "callbacks.samples.count", default=0))
+
+    def evaluate(tensors: Sequence[torch.Tensor], step: int) -> Record:
+        record, samples = evaluate_adapter(parts, tensors, cfg.seed)
+        writer.write(run_dir, step, cfg.generations, samples)  # as the ES run's samples/
+        return record
+
     budget = BudgetCallback(
         TrainClock(cfg.time_budget_s, cfg.eval_every_s),
-        lambda tensors: evaluate_adapter(parts, tensors, cfg.seed),
+        evaluate,
         parts.layout,
         reward,
         run_dir,

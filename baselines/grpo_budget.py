@@ -49,7 +49,7 @@ class BudgetCallback(TrainerCallback):
     def __init__(
         self,
         clock: TrainClock,
-        evaluate: Callable[[Sequence[torch.Tensor]], Record],
+        evaluate: Callable[[Sequence[torch.Tensor], int], Record],
         layout: LoraLayout,
         reward: TaskReward,
         run_dir: Path,
@@ -65,7 +65,7 @@ class BudgetCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.results.write_text("", encoding="utf-8")
         self._write(
-            {M.GENERATION: 0, **self.evaluate(adapter_tensors(kwargs["model"], self.layout))}
+            {M.GENERATION: 0, **self.evaluate(adapter_tensors(kwargs["model"], self.layout), 0)}
         )
         self._fresh_peak()
         self.last = time.perf_counter()
@@ -79,7 +79,7 @@ class BudgetCallback(TrainerCallback):
         record |= {M.GENERATION_S: seconds, M.TRAIN_S: self.clock.train_s}
         last = self.clock.out_of_time() or step >= self.max_steps
         if marked or last:
-            record |= self.evaluate(adapter_tensors(kwargs["model"], self.layout))
+            record |= self.evaluate(adapter_tensors(kwargs["model"], self.layout), step)
             self._fresh_peak()
         if self.clock.out_of_time():
             control.should_training_stop = True

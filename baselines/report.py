@@ -60,12 +60,14 @@ class Run:
 
     def tokens(self, record: dict[str, Any]) -> float:
         """Tokens generated for this record's update: GRPO writes them; for ES, every member's
-        completion of every training prompt (``train/completion_tokens`` is their mean)."""
+        completion of every training prompt of the generation (``train/completion_tokens`` is
+        their mean; ``task.samples_per_generation: null`` is every training puzzle)."""
         if TOKENS in record:
             return float(record[TOKENS])
         mean = record.get(M.train_diagnostic(M.COMPLETION_TOKENS))
         es, task = self.config.get("es", {}), self.config.get("task", {})
-        rows = es.get("population_size", 0) * task.get("samples_per_generation", 0)
+        prompts = task.get("samples_per_generation") or task.get("train_size") or 0
+        rows = es.get("population_size", 0) * prompts
         return float(mean) * rows if mean is not None else math.nan
 
     def points(self) -> list[Point]:

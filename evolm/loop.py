@@ -75,6 +75,20 @@ def eval_metrics(
     return metrics, ev
 
 
+def eval_samples(engine: Engine, task: Task, ev: Evaluation, rows: Sequence[int]) -> list[Sample]:
+    """The eval prompts ``rows`` (as the model saw them) with the adapter's completion and
+    scores in ``ev`` (:func:`eval_metrics`' evaluation): what :class:`SampleWriter` writes."""
+    examples = task.eval_examples()
+    return [
+        Sample(
+            render(engine, examples[p]),
+            ev.completions[0][p],
+            {k: v[p] for k, v in ev.scores.items()},
+        )
+        for p in rows
+    ]
+
+
 def check_finite_mean(mean_norm: float, generation: int, strategy: ES) -> None:
     """Stop the run (before the generation is logged or checkpointed) once the ES mean holds a
     NaN or an infinity: every later generation, checkpoint and adapter would be garbage."""
@@ -158,16 +172,8 @@ class ESLoop:
             self.extra_evals,
             kl=not self.strategy.moves_base,  # a base that IS the mean: its KL to itself is moot
         )
-        examples = self.task.eval_examples()
-        mine = self.comm.shard(range(len(examples)))  # the rows this process generated
-        samples = [
-            Sample(
-                render(self.engine, examples[p]),
-                ev.completions[0][p],
-                {k: v[p] for k, v in ev.scores.items()},
-            )
-            for p in mine
-        ]
+        mine = self.comm.shard(range(len(self.task.eval_examples())))  # this process's rows
+        samples = eval_samples(self.engine, self.task, ev, mine)
         return {**metrics, M.EVAL_S: time.perf_counter() - start}, samples
 
     def weight_change(self, before: ESState, after: ESState, stats: TellStats) -> dict[str, float]:

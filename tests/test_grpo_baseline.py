@@ -82,6 +82,18 @@ def test_both_runs_write_the_same_eval_keys_from_the_same_start(compared: Path) 
         assert peak["device"] == "cpu" and peak["peak_gb"] > 0
 
 
+def test_both_runs_write_the_answers_of_each_evaluation_alike(compared: Path) -> None:
+    """``samples/gen-<n>.jsonl``: the same prompts, and at the start (one model) the same
+    completions and scores, for ES and GRPO: the answers of both can be read side by side."""
+    es, grpo_dir = compared / "es" / "samples", compared / "grpo" / "samples"
+    names = sorted(p.name for p in es.glob("gen-*.jsonl"))
+    assert names and sorted(p.name for p in grpo_dir.glob("gen-*.jsonl")) == names
+    first = [
+        [json.loads(x) for x in (d / names[0]).read_text().splitlines()] for d in (es, grpo_dir)
+    ]
+    assert first[0] == first[1] and first[0][0]["completion"] and "scores" in first[0][0]
+
+
 def test_compare_draws_its_figure_and_table_from_both_runs(compared: Path) -> None:
     assert (compared / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     table = (compared / "comparison.md").read_text()
@@ -115,14 +127,14 @@ def test_the_budget_stops_grpo_after_the_step_that_reaches_it(
     monkeypatch.setattr(grpo_budget, "adapter_tensors", lambda model, layout: [torch.zeros(1)])
     evals: list[int] = []
     callback = grpo_budget.BudgetCallback(
-        TrainClock(budget_s=1e-9), lambda t: evals.append(1) or {M.EVAL_REWARD: 0.5}, None,
+        TrainClock(budget_s=1e-9), lambda t, step: evals.append(step) or {M.EVAL_REWARD: 0.5}, None,
         TaskReward(Countdown(generate_count=40, train_size=20), [], [], 8), tmp_path, 100,
     )  # fmt: skip
     control = SimpleNamespace(should_training_stop=False)
     callback.on_train_begin(None, None, control, model=None)
     callback.on_step_end(None, SimpleNamespace(global_step=1), control, model=None)
     callback.on_train_end(None, None, control)
-    assert control.should_training_stop and len(evals) == 2  # the start's and the last step's
+    assert control.should_training_stop and evals == [0, 1]  # the start's and the last step's
     assert [r["generation"] for r in read_results(tmp_path)] == [0, 1]
 
 
@@ -167,3 +179,22 @@ def test_the_figure_names_the_model_and_task_an_experiment_chose() -> None:
     )
     tiny = compose_run([])
     assert compare.title(tiny, [], settings).startswith("tiny, conciseness:")
+
+
+@pytest.mark.parametrize(
+    ("per_generation", "expected"), [(None, 30 * 200 * 10.0), (8, 30 * 8 * 10.0)]
+)
+def test_es_tokens_count_every_training_puzzle_when_each_generation_takes_all(
+    tmp_path: Path, per_generation: int | None, expected: float
+) -> None:
+    """``task.samples_per_generation: null`` (the paper's setting: every training puzzle every
+    generation) counts ``train_size`` prompts per generation, not none (the 1.5B comparison's
+    report failed on it)."""
+    from baselines.report import Run
+
+    config = {
+        "es": {"population_size": 30},
+        "task": {"samples_per_generation": per_generation, "train_size": 200},
+    }
+    run = Run("es", tmp_path, [], config, None)
+    assert run.tokens({M.train_diagnostic(M.COMPLETION_TOKENS): 10.0}) == expected

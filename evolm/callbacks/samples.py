@@ -29,10 +29,17 @@ class SampleWriter(Callback):
         self.count, self.dirname = count, dirname
 
     def on_eval(self, ctx: RunContext, generation: int, samples: Sequence[Sample]) -> None:
+        self.write(Path(ctx.output_dir), generation, ctx.generations, samples)
+
+    def write(
+        self, run_dir: Path, generation: int, generations: int, samples: Sequence[Sample]
+    ) -> None:
+        """The first ``count`` of ``samples`` to ``<run_dir>/<dirname>/gen-<generation>.jsonl``
+        (``generations``: the run's cap, which sets the zero-padding)."""
         if not self.count:
             return
-        width = len(str(ctx.generations))
-        path = Path(ctx.output_dir) / self.dirname / f"gen-{generation:0{width}d}.jsonl"
+        width = len(str(generations))
+        path = run_dir / self.dirname / f"gen-{generation:0{width}d}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = [
             json_line(
