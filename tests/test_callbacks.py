@@ -99,9 +99,14 @@ class SavesRecorded(MeanWriter):
         self.saved.append((path.name, state.generation, dict(extra)))
 
 
-def replay(writer: MeanWriter, evals: Sequence[float | None], history: list[Record]) -> None:
+def replay(
+    writer: MeanWriter,
+    evals: Sequence[float | None],
+    history: list[Record],
+    run_dir: Path = Path("run"),
+) -> None:
     """A run of ``len(evals)`` records (``None``: a generation without an evaluation)."""
-    ctx = RunContext(Path("run"), len(evals), None, "base", history=history)  # type: ignore[arg-type]
+    ctx = RunContext(run_dir, len(evals), None, "base", history=history)  # type: ignore[arg-type]
     state = ESState(mean=[torch.zeros(1)], seed=0, generation=len(history))
     writer.on_run_start(ctx, state)
     for value in evals:
@@ -135,6 +140,30 @@ def test_keep_best_keeps_the_first_highest_eval_and_a_resume_goes_on_from_its_re
     off = SavesRecorded(None)
     replay(off, [0.1, 0.5], [])
     assert [d for d, _, _ in off.saved] == ["adapter"]
+
+
+@pytest.mark.parametrize(("generation", "value", "stale"), [(2, 0.5, False), (3, 0.9, True)])
+def test_a_kept_mean_the_resumed_records_lack_is_removed_and_kept_anew(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, generation: int, value: float, stale: bool
+) -> None:
+    """A resume on new data from a checkpoint at generation 2, after the run had kept generation
+    3's mean: that mean is not this trajectory's, so it goes, and the next evaluation keeps
+    its own (0.4, below the records' 0.5). One the records hold stays."""
+    kept = tmp_path / "adapter-best"
+    kept.mkdir()
+    note = {"generation": generation, "metric": "eval/reward_mean", "value": value}
+    (kept / BEST_FILE).write_text(json.dumps(note))
+    history = [
+        {"generation": 0, "eval/reward_mean": 0.1},
+        {"generation": 2, "eval/reward_mean": 0.5},
+    ]
+    writer = SavesRecorded("eval/reward_mean")
+    with caplog.at_level(logging.WARNING):
+        replay(writer, [0.4], history, tmp_path)
+    assert kept.exists() is not stale
+    saves = [(d, g) for d, g, _ in writer.saved]
+    assert saves == ([("adapter-best", 2)] if stale else []) + [("adapter", 3)]
+    assert any("not among the records" in r.getMessage() for r in caplog.records) is stale
 
 
 def test_keep_best_of_a_metric_the_evals_lack_warns_once_and_keeps_nothing(caplog) -> None:

@@ -7,7 +7,8 @@ evaluation, higher is better, e.g. ``eval/accuracy_mean``), every evaluation who
 all earlier ones writes the mean to ``<run dir>/<dirname>-best`` as well, atomically, with
 ``best.json`` (``generation``, ``metric``, ``value``) inside: an ES run whose mean peaks and
 then drifts (a fixed step size keeps moving it) keeps its best adapter. A resumed run goes on
-from the best of its records.
+from the best of its records; a kept mean its records do not hold (a resume on new data from a
+checkpoint older than it) is removed, with a warning.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -46,6 +48,33 @@ class MeanWriter(Callback):
         if self.best is not None:
             seen = [_finite(r.get(self.best)) for r in ctx.history]
             self._best_value = max((v for v in seen if v is not None), default=None)
+            self._drop_stale(Path(ctx.output_dir) / f"{self.dirname}-best", ctx.history)
+
+    def _drop_stale(self, path: Path, history: list[Record]) -> None:
+        """Remove a kept mean that the records this run goes on from do not hold (a resume on new
+        data replays generations after its checkpoint differently; a reused run directory):
+        the next evaluation then keeps its mean, whatever the records' best was."""
+        try:
+            note = json.loads((path / BEST_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        if any(
+            r.get("generation") == note.get("generation")
+            and _finite(r.get(str(note.get("metric")))) == note.get("value")
+            for r in history
+        ):
+            return
+        shutil.rmtree(path)
+        self._best_value = None
+        log.warning(
+            "%s held generation %s's mean (%s %s), which is not among the records this run "
+            "goes on from (a resume on new data or a reused run directory): removed; the next "
+            "evaluation keeps its mean there",
+            path,
+            note.get("generation"),
+            note.get("metric"),
+            note.get("value"),
+        )
 
     def on_generation_end(self, ctx: RunContext, record: GenerationRecord, state: ESState) -> None:
         if self.best is None or not record.eval:
