@@ -249,6 +249,29 @@ def test_drop_templates_filters_a_data_file(tmp_path: Path, caplog: pytest.LogCa
     assert e.value.key == "drop_templates"  # SUM4, the only test puzzle, is a template
 
 
+def test_train_n_keeps_the_training_puzzles_of_those_sizes_and_the_test_split(
+    tmp_path: Path,
+) -> None:
+    """``train_n=[3]``: the 3-number training puzzles alone, every one each generation with
+    ``samples_per_generation=null``; the test split is the same; a count no training puzzle
+    has is a ConfigError naming ``train_n`` before anything loads."""
+    data = write_file(tmp_path / "cd.jsonl", [SUM, SUM4, MULDIV, SUM, MINUS_PLUS, MULDIV, SUM4])
+
+    def task(train_n: int | list[int] | None) -> Countdown:
+        return Countdown(
+            data_file=str(data), train_size=4, samples_per_generation=None, train_n=train_n
+        )
+
+    plain, three = task(None), task([3])
+    assert puzzles(three.train) == [p for p in puzzles(plain.train) if len(p[0]) == 3]
+    assert puzzles(three.train_examples(5)) == [SUM, MULDIV, SUM]
+    assert puzzles(task([4]).train) == puzzles(task(4).train) == [SUM4]
+    assert puzzles(three.eval) == puzzles(plain.eval) == [MINUS_PLUS, MULDIV, SUM4]
+    with pytest.raises(ConfigError) as e:
+        Countdown(data_file=str(data), train_size=4, train_n=[5])
+    assert e.value.key == "train_n" and "[3, 4]" in str(e.value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "bad_key"),
     [

@@ -120,6 +120,27 @@ def _check_window(per_generation: int, train: int) -> None:
         )
 
 
+def _keep_counts(
+    train: list[Placed], counts: int | Sequence[int] | None, data: str | None
+) -> list[Placed]:
+    """The training records with ``len(numbers)`` in ``counts`` (``train_n``: a count or a
+    list of them; None: all)."""
+    if counts is None:
+        return train
+    wanted = {counts} if isinstance(counts, int) else {int(n) for n in counts}
+    kept = [(i, r) for i, r in train if len(r["numbers"]) in wanted]
+    if not kept:
+        found = sorted({len(r["numbers"]) for _, r in train})
+        raise ConfigError(
+            "train_n",
+            f"no training puzzle of {data or 'the generated ones'} has {sorted(wanted)} numbers "
+            f"(they have {found})",
+            f"e.g. train_n=[{found[0] if found else 3}], or null for all",
+        )
+    log.info("train_n=%s: %d of the %d training puzzles", sorted(wanted), len(kept), len(train))
+    return kept
+
+
 class Countdown(Task):
     """The Countdown task.
 
@@ -138,6 +159,10 @@ class Countdown(Task):
         drop_templates: ``None``, ``train``, ``test`` or ``both``: leave out of that split every
             puzzle a fixed operator pattern solves (generated splits keep their size, a data
             file's split shrinks).
+        train_n: ``None``, or the counts of numbers the training puzzles keep, e.g. ``[3]``:
+            train on the 3-number puzzles alone (``accuracy/n3``'s kind), a curriculum's first
+            stage (the next: a run from its adapter, ``lora.init_from=<run>/adapter``, with
+            ``train_n=null``). The test split is unchanged.
         samples_per_generation: training prompts per generation; generation ``g`` takes the
             ``g``-th window of the training split, wrapping around (:func:`cycling_window`);
             ``None``: every training prompt every generation (the paper's setting, also after
@@ -179,6 +204,7 @@ class Countdown(Task):
         target_min: int = 1,
         target_max: int = 100,
         drop_templates: str | None = None,
+        train_n: int | Sequence[int] | None = None,
         samples_per_generation: int | None = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
@@ -217,6 +243,7 @@ class Countdown(Task):
         train, test = self._splits(
             data_file, train_size, generate_count, seed, generator, targets, drop_templates
         )
+        train = _keep_counts(train, train_n, data_file)
         self.samples_per_generation = samples_per_generation or len(train)
         _check_window(self.samples_per_generation, len(train))
         kind = "" if generator == "tree" else f"{generator}, "
