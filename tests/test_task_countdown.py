@@ -122,15 +122,19 @@ def test_score_keys_and_values() -> None:
 
 @pytest.mark.parametrize("blind_baseline", [False, True])
 def test_a_repeated_completion_scores_as_it_does_alone(blind_baseline: bool) -> None:
-    """Scoring remembers each (completion, puzzle) pair within a call: rows that repeat one (as
-    members near one mean do) get exactly the scores each gets scored by itself, and the same
-    text on another puzzle is scored for that puzzle."""
+    """Scoring remembers each (format, answer, puzzle) within a call: rows that repeat one (as
+    members near one mean do, also when their reasoning differs) get exactly the scores each
+    gets scored by itself; the same answer in another format, or on another puzzle, is scored
+    for that."""
     task = small(blind_baseline=blind_baseline, closeness_weight=0.5, format_weight=0.02)
     a, b = task.train[0], task.train[1]
     solution = generate_puzzles(12, 0)[0]["solution"]
     right = f" r </think>\n<answer>{solution}</answer>"
     other = " x</think> <answer>1 + 1</answer>"
-    rows = [(a, right), (a, other), (a, right), (b, right), (a, right)]
+    reworded = f" other steps </think>\n<answer> {solution} </answer>"  # same answer and format
+    unformatted = f" no think <answer>{solution}</answer>"  # same answer, format 0.5
+    rows = [(a, right), (a, other), (a, right), (b, right), (a, right), (a, reworded)]
+    rows += [(a, unformatted)]
     together = task.score([e for e, _ in rows], [c for _, c in rows])
     examples = [e for e, _ in rows]  # the blind rates are over the call's puzzles: keep them
     for i, (_, completion) in enumerate(rows):
@@ -138,6 +142,7 @@ def test_a_repeated_completion_scores_as_it_does_alone(blind_baseline: bool) -> 
         alone = task.score(examples, texts)
         assert {k: v[i] for k, v in together.items()} == {k: v[i] for k, v in alone.items()}
     assert together["accuracy"][:4] == [1.0, 0.0, 1.0, 0.0]  # b's puzzle is not a's
+    assert together["format_reward"][5:] == [1.0, 0.5] and together["accuracy"][5:] == [1.0, 1.0]
 
 
 @pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")

@@ -277,7 +277,11 @@ def parse_target(s: str | int | float) -> float:
 def answer_value(completion: str, numbers: Sequence[int]) -> Fraction | None:
     """The exact value of the last ``<answer>`` when it uses each of ``numbers`` exactly once
     (what the answer reward requires before comparing with the target); else ``None``."""
-    answer = extract_answer(completion)
+    return value_of_answer(extract_answer(completion), numbers)
+
+
+def value_of_answer(answer: str | None, numbers: Sequence[int]) -> Fraction | None:
+    """:func:`answer_value` of an answer's text (:func:`extract_answer`'s)."""
     if not answer or not _ALLOWED.fullmatch(answer):
         return None
     used = sorted(int(n) for n in _INTEGER.findall(answer))
@@ -291,7 +295,11 @@ def answer_reward(completion: str, numbers: Sequence[int], target: float | int |
 
     ``target`` may also be given as the file's string (parsed by :func:`parse_target`).
     """
-    value = answer_value(completion, numbers)
+    return reward_of_value(answer_value(completion, numbers), target)
+
+
+def reward_of_value(value: Fraction | None, target: float | int | str) -> float:
+    """:func:`answer_reward` of an answer's value (:func:`answer_value`'s)."""
     if value is None:
         return 0.0
     goal = Fraction(parse_target(target))  # exact image of the float
@@ -312,7 +320,11 @@ def closeness(completion: str, numbers: Sequence[int], target: float | int | str
     """How near the last ``<answer>`` comes to ``target`` (:func:`closeness_of`), for an answer
     that uses each of ``numbers`` exactly once (else 0): a dense, target-dependent signal where
     the answer reward is 0 or 1 (``task.closeness_weight``; not part of the paper's reward)."""
-    value = answer_value(completion, numbers)
+    return closeness_of_value(answer_value(completion, numbers), target)
+
+
+def closeness_of_value(value: Fraction | None, target: float | int | str) -> float:
+    """:func:`closeness` of an answer's value (:func:`answer_value`'s)."""
     if value is None:
         return 0.0
     try:
@@ -329,8 +341,11 @@ def countdown_reward(
     ``reward = 0.1 * format_reward + answer_reward`` (rounded to 6 decimals, max 1.1);
     ``accuracy`` is 1.0 when the answer is correct.
     """
-    fmt = format_reward(completion)
-    ans = answer_reward(completion, numbers, target)
+    return paper_scores(format_reward(completion), answer_reward(completion, numbers, target))
+
+
+def paper_scores(fmt: float, ans: float) -> dict[str, float]:
+    """:func:`countdown_reward` from the format and answer rewards."""
     return {
         "reward": round(0.1 * fmt + ans, 6),
         "format_reward": fmt,

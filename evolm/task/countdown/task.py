@@ -23,11 +23,14 @@ from evolm.task.base import Example, Sampling, Scores, Task, cycling_window
 from evolm.task.countdown.blind import BlindRates
 from evolm.task.countdown.data import load_countdown_json
 from evolm.task.countdown.reward import (
-    closeness,
-    countdown_reward,
+    closeness_of_value,
     extract_answer,
+    format_reward,
     paper_prompt,
+    paper_scores,
     parse_target,
+    reward_of_value,
+    value_of_answer,
 )
 from evolm.task.countdown.shortcuts import (
     AnswerShape,
@@ -315,31 +318,35 @@ class Countdown(Task):
         blind = BlindRates(
             [(r["numbers"], parse_target(r["target"])) for r in refs], self.weights[1]
         )
-        # members near one mean often write the same text for a puzzle: score each pair once
-        memo: dict[tuple[str, tuple[int, ...], str], dict[str, float]] = {}
+        # a row's scores are those of its format reward and its answer's text: members that
+        # reason differently to one answer (most rows of a generation) are scored once
+        memo: dict[tuple[float, str | None, tuple[int, ...], str], dict[str, float]] = {}
         for ref, completion in zip(refs, completions, strict=True):
-            key = completion, tuple(ref["numbers"]), str(ref["target"])
+            fmt, answer = format_reward(completion), extract_answer(completion)
+            key = fmt, answer, tuple(ref["numbers"]), str(ref["target"])
             row = memo.get(key)
             if row is None:
-                row = memo[key] = self._score_row(completion, ref, blind)
+                row = memo[key] = self._score_row(fmt, answer, ref, blind)
             for name, value in row.items():
                 scores[name].append(value)
         return scores
 
     def _score_row(
-        self, completion: str, ref: Mapping[str, Any], blind: BlindRates
+        self, fmt: float, answer: str | None, ref: Mapping[str, Any], blind: BlindRates
     ) -> dict[str, float]:
-        """One completion's scores, template flag, form code and blind rate."""
+        """The scores, template flag, form code and blind rate of a completion with format
+        reward ``fmt`` and last answer ``answer``."""
         format_weight, closeness_weight = self.weights
-        row = countdown_reward(completion, ref["numbers"], ref["target"])
-        row["closeness"] = closeness(completion, ref["numbers"], ref["target"])
+        value = value_of_answer(answer, ref["numbers"])
+        row = paper_scores(fmt, reward_of_value(value, ref["target"]))
+        row["closeness"] = closeness_of_value(value, ref["target"])
         if self.weights != PAPER_WEIGHTS:  # the paper's is rounded to REWARD_VALUES
             row["reward"] = (
                 format_weight * row["format_reward"]
                 + row["answer_reward"]
                 + closeness_weight * row["closeness"]
             )
-        shape = self._shape(completion, ref["numbers"])
+        shape = self._shape(answer, ref["numbers"])
         tokens = None if shape is None else shape.tokens
         if self.blind_baseline:
             row["reward"] -= blind.baseline(tokens, ref["numbers"])
@@ -368,10 +375,8 @@ class Countdown(Task):
             info = self._puzzles[key] = classify(ref["numbers"], ref["target"])
         return info
 
-    def _shape(self, completion: str, numbers: Sequence[int]) -> AnswerShape | None:
-        """The shape of the completion's answer, remembered by answer text (members often
-        write the same answer): ~0.04 ms for each new one."""
-        answer = extract_answer(completion)
+    def _shape(self, answer: str | None, numbers: Sequence[int]) -> AnswerShape | None:
+        """The shape of an answer, remembered by its text: ~0.04 ms for each new one."""
         if answer is None:
             return None
         key = answer, tuple(numbers)
