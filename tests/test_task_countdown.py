@@ -15,7 +15,8 @@ from evolm.task import Task
 from evolm.task.base import cycling_window
 from evolm.task.countdown import ASSISTANT_PREFIX, SYSTEM_PROMPT, Countdown
 from evolm.task.countdown.data import generate_puzzles
-from evolm.task.countdown.reward import paper_prompt
+from evolm.task.countdown.reward import countdown_reward, paper_prompt
+from evolm.task.countdown.shots import SHOTS
 
 PAPER_FILE = Path(__file__).resolve().parents[1].parent / "shared/data/countdown/countdown.json"
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -99,6 +100,27 @@ def test_chat_variant() -> None:
     assert user["content"].endswith("<answer> (1 + 2) / 3 </answer>.")
     assert chat.assistant_prefix == ASSISTANT_PREFIX == "Let me solve this step by step.\n<think>"
     assert SYSTEM_PROMPT + user["content"] + ASSISTANT_PREFIX == plain.prompt
+
+
+@pytest.mark.parametrize("shots", [1, 2])
+def test_shots_come_first_as_turns_that_solve_their_own_examples(shots: int) -> None:
+    """``shots=N``: N worked examples between the system message and the puzzle, each a user
+    turn in the paper's prompt and an assistant turn (prefix, then a reply that scores full
+    format and a right answer on its example); the puzzle's own turn and prefix unchanged. The
+    examples are none of the paper's puzzles."""
+    plain, shown = small(chat_template=True).train[0], small(chat_template=True, shots=shots)
+    example = shown.train[0]
+    roles = [m["role"] for m in example.prompt]  # type: ignore[union-attr]
+    assert roles == ["system", *["user", "assistant"] * shots, "user"]
+    assert example.prompt[0] == plain.prompt[0] and example.prompt[-1] == plain.prompt[-1]  # type: ignore[index]
+    assert example.assistant_prefix == plain.assistant_prefix
+    for (numbers, target, reply), turn in zip(SHOTS, example.prompt[2::2], strict=False):  # type: ignore[index]
+        assert turn["content"] == ASSISTANT_PREFIX + reply
+        scores = countdown_reward(reply, list(numbers), str(target))
+        assert scores["accuracy"] == 1.0 and scores["format_reward"] == 1.0
+    if PAPER_FILE.is_file():
+        paper = {tuple(sorted(r["numbers"])) for r in json.loads(PAPER_FILE.read_text())}
+        assert not paper & {tuple(sorted(n)) for n, _, _ in SHOTS}
 
 
 def test_score_keys_and_values() -> None:
@@ -200,6 +222,9 @@ def test_missing_data_file(tmp_path: Path) -> None:
         ({"eval_samples": 0}, "eval_samples"),
         ({"generate_count": 0}, "generate_count"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"shots": 3}, "shots"),  # two worked examples exist
+        ({"shots": 1}, "shots"),  # without the chat prompt
+        ({"shots": -1, "chat_template": True}, "shots"),
     ],
 )
 def test_bad_config(kwargs: dict, bad_key: str) -> None:

@@ -39,6 +39,7 @@ from evolm.task.countdown.shortcuts import (
     classify,
     form_code,
 )
+from evolm.task.countdown.shots import SHOTS
 from evolm.task.countdown.sources import (
     check_source,
     drop_split,
@@ -78,6 +79,21 @@ def chat_messages(prompt: str) -> tuple[list[dict[str, str]], str]:
     user = prompt[len(SYSTEM_PROMPT) : -len(ASSISTANT_PREFIX)]
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
     return messages, ASSISTANT_PREFIX
+
+
+def _shot_turns(shots: int, chat: bool) -> list[dict[str, str]]:
+    """The user/assistant turns of the first ``shots`` worked examples (``task.shots``)."""
+    if not 0 <= shots <= len(SHOTS):
+        raise ConfigError("shots", f"must be in [0, {len(SHOTS)}], got {shots}", "e.g. shots=2")
+    if shots and not chat:
+        raise ConfigError(
+            "shots", "needs the chat prompt (the examples are earlier turns)", "chat_template=true"
+        )
+    turns: list[dict[str, str]] = []
+    for numbers, target, reply in SHOTS[:shots]:
+        messages, prefix = chat_messages(paper_prompt(numbers, target))
+        turns += [messages[1], {"role": "assistant", "content": prefix + reply}]
+    return turns
 
 
 def _positive(key: str, value: int, fix: str) -> None:
@@ -175,6 +191,9 @@ class Countdown(Task):
         chat_template: ``False``: the paper's verbatim prompt; ``True``: a system message (the
             prompt's first sentence), a user message (the rest) and the assistant prefix
             ``"Let me solve this step by step.\\n<think>"``.
+        shots: worked examples (:data:`~evolm.task.countdown.shots.SHOTS`, at most 2) shown
+            before each puzzle as earlier user/assistant turns, with ``chat_template``: the
+            paper's prompt otherwise unchanged, its puzzles unchanged; 0 (the paper): none.
         max_new_tokens, temperature, top_p: decoding (the paper: 1024 tokens, greedy).
         eval_temperature: the temperature of the mean's evaluations (``eval_sampling``);
             ``None``: ``temperature``. E.g. members that sample (``temperature=0.7``), a mean
@@ -211,6 +230,7 @@ class Countdown(Task):
         samples_per_generation: int | None = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
+        shots: int = 0,
         max_new_tokens: int = 1024,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -240,6 +260,7 @@ class Countdown(Task):
             else replace(self.sampling, temperature=eval_temperature)
         )
         self.chat_template = chat_template
+        self._shot_turns = _shot_turns(shots, chat_template)
         check_source(generator, drop_templates, target_min, target_max)
         _check_counts(samples_per_generation, eval_samples)
         targets = (target_min, target_max)
@@ -301,6 +322,7 @@ class Countdown(Task):
         if not self.chat_template:
             return Example(prompt=text, reference=reference, source=source)
         messages, prefix = chat_messages(text)
+        messages[1:1] = self._shot_turns
         return Example(prompt=messages, reference=reference, assistant_prefix=prefix, source=source)
 
     def train_examples(self, generation: int) -> list[Example]:

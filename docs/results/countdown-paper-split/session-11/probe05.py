@@ -2,10 +2,12 @@
 Qwen2.5-Coder-0.5B-Instruct (chat prompt) solve any of the paper's 3-number training puzzles
 (``task.train_n=[3]``), greedy or sampled, and are its right answers templates?
 
-    EVOLM_COUNTDOWN_JSON=countdown.json python probe05.py MODEL_DIR N K MAX_NEW TEMPERATURE
+    EVOLM_COUNTDOWN_JSON=countdown.json python probe05.py MODEL_DIR N K MAX_NEW TEMPERATURE [SHOTS]
 
 N puzzles, K completions each (TEMPERATURE 0: greedy), MAX_NEW new tokens, cut after the first
-``</answer>``. Prints a JSON summary, the first 12 answers' ends and every right answer.
+``</answer>``. SHOTS (0-2): worked examples given first as earlier chat turns (:data:`SHOTS`), a
+search that fails once, then checks and answers. Prints a JSON summary, the first 12 answers'
+ends and every right answer.
 """
 
 import json
@@ -19,9 +21,37 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from evolm.sampling import cut_at_stop
 from evolm.task.countdown import Countdown
 
+SHOTS = [  # (numbers, target, the assistant's reply after its prefix)
+    (
+        [8, 25, 3],
+        30,
+        " Try 8 + 3 = 11, then 25 + 11 = 36: not 30. Try 25 + 8 = 33, then 33 - 3 = 30: yes,"
+        " and each number is used once. </think>\n<answer> (25 + 8) - 3 </answer>",
+    ),
+    (
+        [4, 6, 2],
+        14,
+        " Try 4 + 6 = 10, then 10 + 2 = 12: not 14. Try 4 * 2 = 8, then 8 + 6 = 14: yes, and"
+        " each number is used once. </think>\n<answer> (4 * 2) + 6 </answer>",
+    ),
+]
+
+
+def with_shots(task: Countdown, messages: list[dict[str, str]], shots: int) -> list[dict[str, str]]:
+    """``messages`` with ``shots`` worked examples as earlier user/assistant turns."""
+    turns = []
+    for numbers, target, reply in SHOTS[:shots]:
+        example = task._example({"numbers": numbers, "target": target}, "shot")
+        turns += [
+            example.prompt[1],
+            {"role": "assistant", "content": example.assistant_prefix + reply},
+        ]
+    return [messages[0], *turns, *messages[1:]]
+
 
 def main() -> None:
     model_dir, n, k, max_new, temp = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
+    shots = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     task = Countdown(
         data_file=os.environ.get("EVOLM_COUNTDOWN_JSON", "countdown.json"),
         train_size=200,
@@ -36,7 +66,9 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     examples = task.train[:n]
     prompts = [
-        tok.apply_chat_template(e.prompt, tokenize=False, add_generation_prompt=True)
+        tok.apply_chat_template(
+            with_shots(task, e.prompt, shots), tokenize=False, add_generation_prompt=True
+        )
         + e.assistant_prefix
         for e in examples
     ]
@@ -58,6 +90,7 @@ def main() -> None:
     summary = {
         "n": n,
         "k": k,
+        "shots": shots,
         "temperature": temp,
         "max_new": max_new,
         "seconds": round(time.time() - start),
