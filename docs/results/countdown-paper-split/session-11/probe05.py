@@ -5,9 +5,9 @@ Qwen2.5-Coder-0.5B-Instruct (chat prompt) solve any of the paper's 3-number trai
     EVOLM_COUNTDOWN_JSON=countdown.json python probe05.py MODEL_DIR N K MAX_NEW TEMPERATURE [SHOTS]
 
 N puzzles, K completions each (TEMPERATURE 0: greedy), MAX_NEW new tokens, cut after the first
-``</answer>``. SHOTS (0-2): worked examples given first as earlier chat turns (:data:`SHOTS`), a
-search that fails once, then checks and answers. Prints a JSON summary, the first 12 answers'
-ends and every right answer.
+``</answer>``. SHOTS (0-2): ``task.shots``, worked examples given first as earlier chat turns
+(``evolm.task.countdown.shots``), a search that fails once, then checks and answers. Prints a
+JSON summary, the first 12 answers' ends and every right answer.
 """
 
 import json
@@ -21,33 +21,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from evolm.sampling import cut_at_stop
 from evolm.task.countdown import Countdown
 
-SHOTS = [  # (numbers, target, the assistant's reply after its prefix)
-    (
-        [8, 25, 3],
-        30,
-        " Try 8 + 3 = 11, then 25 + 11 = 36: not 30. Try 25 + 8 = 33, then 33 - 3 = 30: yes,"
-        " and each number is used once. </think>\n<answer> (25 + 8) - 3 </answer>",
-    ),
-    (
-        [4, 6, 2],
-        14,
-        " Try 4 + 6 = 10, then 10 + 2 = 12: not 14. Try 4 * 2 = 8, then 8 + 6 = 14: yes, and"
-        " each number is used once. </think>\n<answer> (4 * 2) + 6 </answer>",
-    ),
-]
-
-
-def with_shots(task: Countdown, messages: list[dict[str, str]], shots: int) -> list[dict[str, str]]:
-    """``messages`` with ``shots`` worked examples as earlier user/assistant turns."""
-    turns = []
-    for numbers, target, reply in SHOTS[:shots]:
-        example = task._example({"numbers": numbers, "target": target}, "shot")
-        turns += [
-            example.prompt[1],
-            {"role": "assistant", "content": example.assistant_prefix + reply},
-        ]
-    return [messages[0], *turns, *messages[1:]]
-
 
 def main() -> None:
     model_dir, n, k, max_new, temp = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
@@ -60,15 +33,14 @@ def main() -> None:
         chat_template=True,
         format_weight=0.0,
         stop=["</answer>"],
+        shots=shots,
     )
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     examples = task.train[:n]
     prompts = [
-        tok.apply_chat_template(
-            with_shots(task, e.prompt, shots), tokenize=False, add_generation_prompt=True
-        )
+        tok.apply_chat_template(e.prompt, tokenize=False, add_generation_prompt=True)
         + e.assistant_prefix
         for e in examples
     ]
