@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import operator
+import re
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,19 @@ def test_shots_come_first_as_turns_that_solve_their_own_examples(shots: int) -> 
     if PAPER_FILE.is_file():
         paper = {tuple(sorted(r["numbers"])) for r in json.loads(PAPER_FILE.read_text())}
         assert not paper & {tuple(sorted(n)) for n, _, _ in SHOTS}
+
+
+def test_shots_check_every_try_right() -> None:
+    """Each worked example's tries compute right, and a try says ``yes`` exactly when it reaches
+    the target: the examples teach a check, not a fixed number of tries."""
+    step = re.compile(r"Try (\d+) ([-+*/]) (\d+) = (\d+), then (\d+) ([-+*/]) (\d+) = (\d+): (\w+)")
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+    for _numbers, target, reply in SHOTS:
+        tries = step.findall(reply)
+        assert len(tries) >= 2 and tries[-1][-1] == "yes"
+        for a, op1, b, ab, c, op2, d, result, verdict in tries:
+            assert ops[op1](int(a), int(b)) == int(ab) and ops[op2](int(c), int(d)) == int(result)
+            assert (verdict == "yes") == (int(result) == target)
 
 
 def test_score_keys_and_values() -> None:
