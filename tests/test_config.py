@@ -51,6 +51,15 @@ def test_overlays_compose_and_override_the_root(tmp_path: Path) -> None:
     assert (q15.task.chat_template, q15.task.drop_templates) == (True, None)
     assert q15.task.format_weight == 0.0  # the paper's effective reward: the answer alone
     assert q15.task.samples_per_generation is None and q15.extra_evals.tree_free.chat_template
+    shown = compose_config(
+        [
+            "experiment=qwen05_paper_countdown",
+            "task.chat_template=true",
+            "task.shots=2",
+            f"output_dir={tmp_path}",
+        ]
+    )  # the held-out puzzles are asked with the run's prompt, worked examples included
+    assert [shown.extra_evals[k].shots for k in ("tree_free", "uniform_free")] == [2, 2]
 
 
 @pytest.mark.parametrize(
