@@ -137,6 +137,7 @@ KERNEL_BENCHES = {  # they time kernels, or pick them, directly (or run the HF m
     "benchmarks.slot_tune",
     "benchmarks.tune",
     "benchmarks.methods",  # the paper / HF-LoRA baselines: evolm.engine.hf.multilora
+    "benchmarks.detokenize_overlap",  # the host's detokenizer alone (evolm.engine.texts)
 }
 
 

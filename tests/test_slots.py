@@ -13,10 +13,12 @@ import torch
 from transformers import AutoConfig
 
 from benchmarks.harness import from_model, generate_ids, with_options
+from evolm.engine.backend import TokenRequest
 from evolm.engine.fast.model import to_cache
 from evolm.engine.fast.plan import GiB, Shape, activation_bytes, plan_slots, prefill_tokens
 from evolm.engine.fast.workspace import buckets
 from evolm.engine.local import LocalEngine
+from evolm.engine.texts import RowDecoder
 from evolm.errors import ConfigError
 from evolm.es import ES
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
@@ -128,6 +130,40 @@ def test_the_host_time_around_the_engine_is_split_by_phase(engine: LocalEngine) 
     host = {k: v for k, v in timings.items() if k.startswith("host_")}
     assert set(host) == {"host_tokenize_s", "host_stage_s", "host_detokenize_s"}, timings
     assert all(0 <= v < timings["generate_s"] + 10 for v in host.values()), timings
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_rows_decode_while_the_engine_runs(engine: LocalEngine, batch: int) -> None:
+    """Issue 37: rows are decoded as they finish, in batches, on a worker thread beside the
+    engine (:class:`RowDecoder`); the texts equal decoding the whole tensor at the end, with
+    slots refilled, per-row budgets, EOS mid-batch and a stop string, and only the rows that
+    finish last wait for the end."""
+    pop = population(engine, 3)
+    ids, mask = rows(engine, 3)
+    n = ids.shape[0]
+    member = torch.arange(3).repeat_interleave(len(PROMPTS))
+    plain = Sampling(max_new_tokens=12)
+    full = generate_ids(engine, ids, mask, pop, plain, member=member, eos_ids=[])
+    eos = int(full[1, 4])
+    word = engine.tokenizer.decode(full[2, 3:6])  # a stop string that row 2 writes
+    sampling = Sampling(max_new_tokens=12, stop=(word.strip() or word,))
+    capped = with_options(engine, max_batch_rows=4)
+    decoder = RowDecoder(capped.texts, n, sampling.stop, batch)
+    request = TokenRequest(
+        ids, mask, pop, sampling, [eos], None, member, [1 + (5 * i) % 12 for i in range(n)]
+    )
+    tokens = capped.backend.generate_ids(request, retired=decoder.retired)
+    streamed = decoder.finish(tokens)
+    whole = capped.texts.completions(tokens, sampling.stop)
+    assert [str(c) for c in streamed] == [str(c) for c in whole]
+    assert [(c.token_ids, c.truncated, c.stopped) for c in streamed] == [
+        (c.token_ids, c.truncated, c.stopped) for c in whole
+    ]
+    assert any(c.stopped for c in whole) and any(c.truncated for c in whole)
+    assert n - batch < decoder.early <= n  # all but the last rows, fewer than a batch
+    # a text generation streams too, and reports how many rows it decoded early
+    capped.generate(PROMPTS, pop, sampling, seed=0)
+    assert capped.last_timings["detokenized_early"] > 0
 
 
 def test_shuffled_rows_of_any_member(engine: LocalEngine) -> None:

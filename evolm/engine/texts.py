@@ -4,6 +4,7 @@ device automata (:mod:`evolm.engine.stops`)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -100,3 +101,54 @@ class Texts:
                 table = stop_table(self.tokenizer, self.vocab, stop, self.device)
             self._stop_tables[stop] = table
         return self._stop_tables[stop]
+
+
+class RowDecoder:
+    """Completions of one generation's rows, decoded while the engine still runs: pass
+    :meth:`retired` as the scheduler's ``retired`` callback, then take :meth:`finish`.
+
+    Rows are decoded on one worker thread, in batches of at least ``batch`` rows, as they finish:
+    the Rust tokenizer's batch decode releases the GIL, and the engine's thread mostly waits on
+    the device. Only the rows that finish last are left for :meth:`finish`. Each row's
+    completion depends on its own tokens and the tensor's width alone, so the result equals
+    :meth:`Texts.completions` of the whole tensor (tested)."""
+
+    def __init__(self, texts: Texts, rows: int, stop: tuple[str, ...], batch: int) -> None:
+        self.texts, self.rows, self.stop, self.batch = texts, rows, stop, max(1, batch)
+        self._pending: list[int] = []
+        self._parts: list[tuple[list[int], Future[list[Completion]]]] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="evolm-detokenize")
+        self.early = 0  # rows sent to the worker before the engine returned
+
+    def retired(self, rows: list[int], tokens: torch.Tensor) -> None:
+        """Rows ``rows`` of ``tokens`` are final: decode them once ``batch`` are waiting."""
+        self._pending += rows
+        if len(self._pending) >= self.batch:
+            self.early += len(self._pending)
+            self._submit(tokens)
+
+    def finish(self, tokens: torch.Tensor) -> list[Completion]:
+        """Every row's completion, in row order (``tokens``: the engine's returned tensor)."""
+        try:
+            self._submit(tokens)
+            out: list[Completion | None] = [None] * self.rows
+            for rows, part in self._parts:
+                for row, completion in zip(rows, part.result(), strict=True):
+                    out[row] = completion
+        finally:
+            self.close()
+        missing = [row for row, c in enumerate(out) if c is None]
+        assert not missing, f"rows never retired by the engine: {missing[:8]}"
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the worker (after an error, too); idempotent."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, tokens: torch.Tensor) -> None:
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        index = torch.tensor(rows, dtype=torch.long, device=tokens.device)
+        part = tokens.index_select(0, index).cpu()  # on this thread: ordered after the steps
+        self._parts.append((rows, self._pool.submit(self.texts.completions, part, self.stop)))

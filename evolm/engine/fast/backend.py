@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,7 +21,7 @@ from evolm.engine.fast.model import FastModel
 from evolm.engine.fast.scheduler import Scheduler
 from evolm.engine.fast.weights import base_linear, refresh_fp8
 from evolm.engine.options import LocalOptions, Tuning
-from evolm.engine.texts import Texts
+from evolm.engine.texts import RowDecoder, Texts
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
 
@@ -85,26 +85,41 @@ class FastBackend:
         member = torch.tensor([m for m, _ in rows], dtype=torch.long)
         generator = torch.Generator(self.device).manual_seed(request.seed)
         tokenized = time.perf_counter()
-        tokens = self.generate_ids(
-            TokenRequest(
-                ids[index],
-                mask[index],
-                adapters,
-                request.sampling,
-                self.texts.eos_ids,
-                generator,
-                member=None if adapters is None else member,
+        # rows are decoded as they finish, beside the engine; what is left waits for the end
+        decoder = RowDecoder(self.texts, len(rows), request.sampling.stop, len(rows) // 16)
+        try:
+            tokens = self.generate_ids(
+                TokenRequest(
+                    ids[index],
+                    mask[index],
+                    adapters,
+                    request.sampling,
+                    self.texts.eos_ids,
+                    generator,
+                    member=None if adapters is None else member,
+                ),
+                retired=decoder.retired,
             )
-        )
+        except BaseException:
+            decoder.close()
+            raise
         generated = time.perf_counter()
-        texts = self.texts.completions(tokens, request.sampling.stop)
+        texts = decoder.finish(tokens)
         self._host_timings.update(
-            host_tokenize_s=tokenized - start, host_detokenize_s=time.perf_counter() - generated
+            host_tokenize_s=tokenized - start,
+            host_detokenize_s=time.perf_counter() - generated,
+            detokenized_early=decoder.early,
         )
         return texts
 
-    def generate_ids(self, request: TokenRequest) -> torch.Tensor:
-        """New tokens of rows of any members in any order, each with its own budget."""
+    def generate_ids(
+        self,
+        request: TokenRequest,
+        retired: Callable[[list[int], torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
+        """New tokens of rows of any members in any order, each with its own budget
+        (``retired``: :meth:`Scheduler.run <.scheduler.Scheduler.run>`'s callback)."""
+
         self.match_quantization()
         staging = time.perf_counter()
         adapters, sampling, budgets = request.adapters, request.sampling, request.budgets
@@ -122,6 +137,7 @@ class FastBackend:
             self.texts.pad_id,
             request.generator,
             self.texts.stop_table(sampling.stop),
+            retired=retired,
         )
 
     def forced_logits(

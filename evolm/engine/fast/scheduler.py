@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -242,11 +242,14 @@ class Scheduler:
         generator: torch.Generator | None = None,
         stops: StopTable | None = None,
         forced: Forced | None = None,
+        retired: Callable[[list[int], Tensor], None] | None = None,
     ) -> Tensor:
         """New tokens ``[rows, max(budgets)]`` for left-padded rows ``input_ids [rows, L]``;
         row ``i`` is member ``member[i]`` of ``lora`` (None: the base model) and stops after
         ``budgets[i]`` tokens, an EOS or the token that completes a stop string of ``stops``
-        (then ``pad_id``). ``forced``: tokens fed instead of chosen (:meth:`forced_logits`)."""
+        (then ``pad_id``). ``forced``: tokens fed instead of chosen (:meth:`forced_logits`).
+        ``retired(rows, tokens)``: called as rows finish, while the others still decode, with
+        their indices and the returned tensor's view (their rows of it are final then)."""
         timer = PhaseTimer(self.device)
         rows, length = input_ids.shape
         if len(budgets) != rows or min(budgets) < 1:
@@ -276,7 +279,8 @@ class Scheduler:
         queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
         active: list[int] = []
         member_of = members.tolist() if lora is not None else None  # sort by member
-        slot_member = [0] * ws.slots
+        slot_member, slot_row = [0] * ws.slots, [0] * ws.slots
+        tokens = batch_rows.out[:-1].view(rows, widest)
         refill = max(1, ws.slots // 16)
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
@@ -294,6 +298,8 @@ class Scheduler:
                     chosen.sort(key=member_of.__getitem__)
                     for row, slot in zip(chosen, slots, strict=True):
                         slot_member[slot] = member_of[row]
+                for row, slot in zip(chosen, slots, strict=True):
+                    slot_row[slot] = row
                 begin = timer.now()
                 runner.prefill(ws, batch_rows, chosen, slots, lora, chunk)
                 stats.prefilled(begin)
@@ -319,8 +325,10 @@ class Scheduler:
                 if spec is not None:
                     for slot in finished:
                         spec.drafter.drop(slot)
+                if retired is not None:
+                    retired([slot_row[s] for s in finished], tokens)
         self.last_timings = stats.timings() | ({} if spec is None else spec.stats.timings())
-        return batch_rows.out[:-1].view(rows, widest)
+        return tokens
 
     def forced_logits(
         self, input_ids: Tensor, attention_mask: Tensor, lora: FastLora | None, forced: Tensor
