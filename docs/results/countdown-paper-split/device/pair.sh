@@ -1,0 +1,12 @@
+#!/bin/bash
+# Runs of the 0.5B side by side on one GPU, each capped at 3,000 slots: whichever plans first,
+# both fit (~19 MiB a slot at 1,616 positions with task.shots=2). A share of the memory
+# (server.gpu_memory_utilization) would not do: a plan subtracts what the other run holds.
+#   bash pair.sh SECONDS NAME "overrides" [NAME "overrides" ...]
+# After setup.sh, the 8 pieces in /root/p and `bash launch.sh 0 0 - q05 convert`.
+T=$1; shift
+d=$(dirname "$0")
+while [ $# -ge 2 ]; do
+  bash "$d/launch.sh" "$T" 0 "$1" q05 "$2 server.max_batch_rows=3000"
+  shift 2
+done
