@@ -217,5 +217,6 @@ class FastBackend:
     def last_timings(self) -> dict[str, float]:
         """The scheduler's phases and counts, with the host's time around them
         (``host_tokenize_s``, ``host_stage_s``: the adapters into the grouped buffers,
-        ``host_detokenize_s``: token ids to completions, stop strings cut)."""
+        ``host_detokenize_s``: token ids to completions, stop strings cut, after the engine;
+        ``detokenized_early``: the rows decoded while it ran)."""
         return {**self.scheduler.last_timings, **self._host_timings}
