@@ -2,11 +2,12 @@
 Qwen2.5-Coder-0.5B-Instruct (chat prompt) solve any of the paper's 3-number training puzzles
 (``task.train_n=[3]``), greedy or sampled, and are its right answers templates?
 
-    EVOLM_COUNTDOWN_JSON=countdown.json python probe05.py MODEL_DIR N K MAX_NEW TEMPERATURE [SHOTS]
+    EVOLM_COUNTDOWN_JSON=countdown.json python probe05.py MODEL_DIR N K MAX_NEW TEMP [SHOTS [DROP]]
 
 N puzzles, K completions each (TEMPERATURE 0: greedy), MAX_NEW new tokens, cut after the first
 ``</answer>``. SHOTS (0-2): ``task.shots``, worked examples given first as earlier chat turns
-(``evolm.task.countdown.shots``), a search that fails once, then checks and answers. Prints a
+(``evolm.task.countdown.shots``), a search that fails, then checks and answers. DROP:
+``task.drop_templates`` (``train``: only the puzzles no template solves; session 12). Prints a
 JSON summary, the first 12 answers' ends and every right answer.
 """
 
@@ -25,6 +26,7 @@ from evolm.task.countdown import Countdown
 def main() -> None:
     model_dir, n, k, max_new, temp = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
     shots = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    drop = sys.argv[7] if len(sys.argv) > 7 else None
     task = Countdown(
         data_file=os.environ.get("EVOLM_COUNTDOWN_JSON", "countdown.json"),
         train_size=200,
@@ -34,6 +36,7 @@ def main() -> None:
         format_weight=0.0,
         stop=["</answer>"],
         shots=shots,
+        drop_templates=drop,
     )
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
@@ -63,6 +66,7 @@ def main() -> None:
         "n": n,
         "k": k,
         "shots": shots,
+        "drop_templates": drop,
         "temperature": temp,
         "max_new": max_new,
         "seconds": round(time.time() - start),
