@@ -8,9 +8,15 @@ with the tokenizer's chat template, greedy decoding cut after the first ``</answ
 N: the first N of the 2,000 test puzzles (default 2000); MAX_NEW new tokens (default 1024);
 BATCH puzzles per ``generate`` call (default 100 on a GPU, 20 on the CPU).
 Runs on a GPU when there is one (bf16), else on the CPU (float32).
+SHOTS_JSON=FILE (a run with ``task.shots``): the worked examples' user and assistant messages,
+put between the system message and the puzzle's, as the run showed them. evolm writes them:
+``python -c "import json; from evolm.task.countdown import Countdown; print(json.dumps(Countdown(
+data_file='countdown.json', chat_template=True, shots=2).train[0].prompt[1:-1]))"``
+(session-12/shots.json).
 """
 
 import json
+import os
 import re
 import sys
 import time
@@ -25,6 +31,7 @@ from countdown_check import family, reward
 
 DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "countdown" / "countdown.json"
 PREFIX = "Let me solve this step by step.\n<think>"
+SHOTS = json.loads(Path(os.environ["SHOTS_JSON"]).read_text()) if "SHOTS_JSON" in os.environ else []
 
 
 def chat_prompt(tok, context: str) -> str:
@@ -32,7 +39,7 @@ def chat_prompt(tok, context: str) -> str:
     the assistant's opening: what ``task.chat_template=true`` sends."""
     system, rest = re.match(r"(.*?the answer\.)(Using .*)", context, re.DOTALL).groups()
     user = rest.removesuffix(PREFIX)
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    messages = [{"role": "system", "content": system}, *SHOTS, {"role": "user", "content": user}]
     return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + PREFIX
 
 
