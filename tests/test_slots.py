@@ -78,17 +78,23 @@ def test_refills_equal_one_batch_and_transformers(engine: LocalEngine) -> None:
         assert base[i, : len(want)].tolist() == want  # HF stops at EOS; ours ran on (eos_ids=[])
 
 
-def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
-    """Per-row budgets and an EOS that some rows hit early: each row is its full run cut at its
-    budget / first EOS, whatever the other rows do; freed slots take the waiting rows."""
+def mixed_rows(engine: LocalEngine) -> tuple:
+    """9 rows of 3 members: ``(pop, ids, mask, member, full, eos, budgets)``; ``full``: their 12
+    greedy tokens without an EOS, ``eos`` a token that row 1 emits mid-way, ``budgets`` mixed."""
     pop = population(engine, 3)
     ids, mask = rows(engine, 3)
-    n = ids.shape[0]
     member = torch.arange(3).repeat_interleave(len(PROMPTS))
     sampling = Sampling(max_new_tokens=12)
     full = generate_ids(engine, ids, mask, pop, sampling, member=member, eos_ids=[])
-    eos = int(full[1, 4])  # a token that row 1 emits mid-way
-    budgets = [1 + (5 * i) % 12 for i in range(n)]
+    budgets = [1 + (5 * i) % 12 for i in range(ids.shape[0])]
+    return pop, ids, mask, member, full, int(full[1, 4]), budgets
+
+
+def test_mixed_budgets_and_eos_mid_batch(engine: LocalEngine) -> None:
+    """Per-row budgets and an EOS that some rows hit early: each row is its full run cut at its
+    budget / first EOS, whatever the other rows do; freed slots take the waiting rows."""
+    pop, ids, mask, member, full, eos, budgets = mixed_rows(engine)
+    n, sampling = ids.shape[0], Sampling(max_new_tokens=12)
     capped = with_options(engine, max_batch_rows=4)
     got = generate_ids(
         capped, ids, mask, pop, sampling, member=member, budgets=budgets, eos_ids=[eos]
@@ -138,20 +144,13 @@ def test_rows_decode_while_the_engine_runs(engine: LocalEngine, batch: int) -> N
     engine (:class:`RowDecoder`); the texts equal decoding the whole tensor at the end, with
     slots refilled, per-row budgets, EOS mid-batch and a stop string, and only the rows that
     finish last wait for the end."""
-    pop = population(engine, 3)
-    ids, mask = rows(engine, 3)
+    pop, ids, mask, member, full, eos, budgets = mixed_rows(engine)
     n = ids.shape[0]
-    member = torch.arange(3).repeat_interleave(len(PROMPTS))
-    plain = Sampling(max_new_tokens=12)
-    full = generate_ids(engine, ids, mask, pop, plain, member=member, eos_ids=[])
-    eos = int(full[1, 4])
     word = engine.tokenizer.decode(full[2, 3:6])  # a stop string that row 2 writes
     sampling = Sampling(max_new_tokens=12, stop=(word.strip() or word,))
     capped = with_options(engine, max_batch_rows=4)
     decoder = RowDecoder(capped.texts, n, sampling.stop, batch)
-    request = TokenRequest(
-        ids, mask, pop, sampling, [eos], None, member, [1 + (5 * i) % 12 for i in range(n)]
-    )
+    request = TokenRequest(ids, mask, pop, sampling, [eos], None, member, budgets)
     tokens = capped.backend.generate_ids(request, retired=decoder.retired)
     streamed = decoder.finish(tokens)
     whole = capped.texts.completions(tokens, sampling.stop)
