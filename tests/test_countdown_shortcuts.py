@@ -38,6 +38,7 @@ MULDIV = ([2, 3, 4], "14")  # (3 + 4) * 2
 SUM4 = ([1, 2, 3, 4], "10")  # 1 + 2 + 3 + 4, and 1 * 2 * 3 + 4
 UNSOLVABLE = ([1, 1, 1], "100")
 MINUS_PLUS2 = ([20, 5, 1], "16")  # 20 - 5 + 1
+FREE = ([5, 4, 3], "2")  # -5 + 4 + 3: no fixed pattern in this order or sorted by size
 
 
 def test_templates_and_families_of_hand_made_puzzles() -> None:
@@ -247,6 +248,31 @@ def test_drop_templates_filters_a_data_file(tmp_path: Path, caplog: pytest.LogCa
         Countdown(data_file=str(data), train_size=6, samples_per_generation=1,
                   drop_templates="test")  # fmt: skip
     assert e.value.key == "drop_templates"  # SUM4, the only test puzzle, is a template
+
+
+def test_drop_size_rules_also_drops_what_a_size_order_rule_solves(tmp_path: Path) -> None:
+    """``drop_size_rules``: ``drop_templates`` also leaves out the puzzles a size-order rule
+    solves (ADDSUB: 10 + 5 - 3, MULDIV: 4 * 3 + 2), in a data file and in generated splits
+    (which keep their sizes); without ``drop_templates`` it is a ConfigError naming it."""
+    data = write_file(tmp_path / "cd.jsonl", [SUM, ADDSUB, FREE, MULDIV, SUM, ADDSUB, FREE])
+
+    def task(**kw: object) -> Countdown:
+        return Countdown(data_file=str(data), train_size=4, samples_per_generation=None,
+                         eval_samples=None, drop_templates="both", **kw)  # fmt: skip
+
+    order, size = task(), task(drop_size_rules=True)
+    assert (puzzles(order.train), puzzles(order.eval)) == ([ADDSUB, FREE, MULDIV], [ADDSUB, FREE])
+    assert (puzzles(size.train), puzzles(size.eval)) == ([FREE], [FREE])
+    generated = Countdown(
+        train_size=30, generate_count=60, samples_per_generation=2, eval_samples=None,
+        drop_templates="both", drop_size_rules=True,
+    )  # fmt: skip
+    kept = puzzles(generated.train) + puzzles(generated.eval)
+    assert len(kept) == 60
+    assert not any(template_solvable({"numbers": n, "target": t}, True) for n, t in kept)
+    with pytest.raises(ConfigError) as e:
+        Countdown(samples_per_generation=2, drop_size_rules=True)
+    assert e.value.key == "drop_size_rules"
 
 
 def test_train_n_keeps_the_training_puzzles_of_those_sizes_and_the_test_split(

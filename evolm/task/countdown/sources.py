@@ -9,7 +9,8 @@
   pattern solves (:mod:`evolm.task.countdown.shortcuts`), so accuracy there cannot come from a
   template. Generated splits keep their sizes: dropped puzzles are replaced by later draws of
   the same stream, so a split that drops nothing is the one it would be without dropping. A
-  data file's split is filtered and shrinks.
+  data file's split is filtered and shrinks. ``drop_size_rules=true`` also leaves out the
+  puzzles a size-order rule solves (a fixed pattern over the numbers sorted largest first).
 
 Both streams are deterministic in ``task.seed``.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.task.countdown.data import puzzle_record, tree_records
-from evolm.task.countdown.shortcuts import solving_patterns
+from evolm.task.countdown.shortcuts import ranked_patterns, solving_patterns
 from evolm.task.countdown.solver import solve
 
 log = logging.getLogger(__name__)
@@ -122,30 +123,39 @@ def uniform_records(seed: int, target_min: int, target_max: int) -> Iterator[Rec
         yield puzzle_record(i, numbers, target, solution)
 
 
-def template_solvable(record: Record) -> bool:
-    """Whether some fixed operator pattern solves the record's puzzle."""
-    return bool(solving_patterns(record["numbers"], record["target"]))
+def template_solvable(record: Record, size_rules: bool = False) -> bool:
+    """Whether some fixed operator pattern solves the record's puzzle (``size_rules``: or a
+    size-order rule, the same patterns over the numbers sorted largest first)."""
+    numbers, target = record["numbers"], record["target"]
+    return bool(
+        solving_patterns(numbers, target) or (size_rules and ranked_patterns(numbers, target))
+    )
 
 
 def generated_splits(
-    stream: Iterator[Record], count: int, train_size: int, drop: str | None
+    stream: Iterator[Record],
+    count: int,
+    train_size: int,
+    drop: str | None,
+    size_rules: bool = False,
 ) -> tuple[list[Record], list[Record]]:
     """The training and test splits of a generated ``stream``: its first ``count`` records
     (``train_size`` of them train), with each template-solvable puzzle of a ``drop`` split
-    replaced by the next record of the stream that the split keeps."""
+    (``size_rules``: size-order rules count) replaced by the next record of the stream that
+    the split keeps."""
     drops = (drop in ("train", "both"), drop in ("test", "both"))
     head = list(itertools.islice(stream, count))
     splits: list[list[Record]] = []
     dropped = 0
     for dropping, part in zip(drops, (head[:train_size], head[train_size:]), strict=True):
-        kept = [r for r in part if not (dropping and template_solvable(r))]
+        kept = [r for r in part if not (dropping and template_solvable(r, size_rules))]
         dropped += len(part) - len(kept)
         splits.append(kept)
     misses = 0
     for which, size in ((0, train_size), (1, count - train_size)):
         while len(splits[which]) < size:
             record = next(stream)
-            if not (drops[which] and template_solvable(record)):
+            if not (drops[which] and template_solvable(record, size_rules)):
                 splits[which].append(record)
                 misses = 0
                 continue
@@ -163,17 +173,21 @@ def generated_splits(
     return splits[0], splits[1]
 
 
-def drop_split(records: list[Placed], split: str, where: str) -> list[Placed]:
+def drop_split(
+    records: list[Placed], split: str, where: str, size_rules: bool = False
+) -> list[Placed]:
     """A data file's ``split`` (records with their places) without its template-solvable
-    puzzles; logs how many were dropped and refuses a split left empty."""
-    kept = [(i, r) for i, r in records if not template_solvable(r)]
+    puzzles (``size_rules``: size-order rules count); logs how many were dropped and refuses a
+    split left empty."""
+    kept = [(i, r) for i, r in records if not template_solvable(r, size_rules)]
     log.warning(
         "drop_templates: dropped %d of the %d %s puzzles of %s that a fixed operator pattern "
-        "solves; %d remain",
+        "solves%s; %d remain",
         len(records) - len(kept),
         len(records),
         split,
         where,
+        " (in the puzzle's order or sorted by size)" if size_rules else "",
         len(kept),
     )
     if not kept:

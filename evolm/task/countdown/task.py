@@ -178,6 +178,9 @@ class Countdown(Task):
         drop_templates: ``None``, ``train``, ``test`` or ``both``: leave out of that split every
             puzzle a fixed operator pattern solves (generated splits keep their size, a data
             file's split shrinks).
+        drop_size_rules: with ``drop_templates``, also leave out the puzzles a size-order rule
+            solves (a fixed pattern over the numbers sorted largest first, as
+            ``eval/shortcut/by_size``): no fixed rule at all solves what is left.
         train_n: ``None``, or the counts of numbers the training puzzles keep, e.g. ``[3]``:
             train on the 3-number puzzles alone (``accuracy/n3``'s kind), a curriculum's first
             stage (the next: a run from its adapter, ``lora.init_from=<run>/adapter``, with
@@ -226,6 +229,7 @@ class Countdown(Task):
         target_min: int = 1,
         target_max: int = 100,
         drop_templates: str | None = None,
+        drop_size_rules: bool = False,
         train_n: int | Sequence[int] | None = None,
         samples_per_generation: int | None = 16,
         eval_samples: int | None = 32,
@@ -262,10 +266,23 @@ class Countdown(Task):
         self.chat_template = chat_template
         self._shot_turns = _shot_turns(shots, chat_template)
         check_source(generator, drop_templates, target_min, target_max)
+        if drop_size_rules and drop_templates is None:
+            raise ConfigError(
+                "drop_size_rules",
+                "drops from the split drop_templates names, and it is null",
+                "e.g. drop_templates=train",
+            )
         _check_counts(samples_per_generation, eval_samples)
         targets = (target_min, target_max)
         train, test = self._splits(
-            data_file, train_size, generate_count, seed, generator, targets, drop_templates
+            data_file,
+            train_size,
+            generate_count,
+            seed,
+            generator,
+            targets,
+            drop_templates,
+            drop_size_rules,
         )
         train = _keep_counts(train, train_n, data_file)
         self.samples_per_generation = samples_per_generation or len(train)
@@ -298,22 +315,23 @@ class Countdown(Task):
         generator: str,
         targets: tuple[int, int],
         drop: str | None,
+        size_rules: bool,
     ) -> tuple[list[Placed], list[Placed]]:
         """The training and test records with their places (in the file, or the generator's
-        stream): a data file's (filtered by ``drop``), or generated."""
+        stream): a data file's (filtered by ``drop``, ``size_rules``), or generated."""
         if data_file is not None:
             records = list(enumerate(load_countdown_json(data_file, key="data_file")))
             _check_train_size(len(records), train_size)
             train, test = records[:train_size], records[train_size:]
             if drop in ("train", "both"):
-                train = drop_split(train, "training", data_file)
+                train = drop_split(train, "training", data_file, size_rules)
             if drop in ("test", "both"):
-                test = drop_split(test, "test", data_file)
+                test = drop_split(test, "test", data_file, size_rules)
             return train, test
         _positive("generate_count", generate_count, "generate more puzzles than train_size")
         _check_train_size(generate_count, train_size)
         stream = puzzle_stream(generator, seed, *targets)
-        train, test = generated_splits(stream, generate_count, train_size, drop)
+        train, test = generated_splits(stream, generate_count, train_size, drop, size_rules)
         return [(r["id"], r) for r in train], [(r["id"], r) for r in test]
 
     def _example(self, record: dict[str, Any], source: str) -> Example:
