@@ -1,6 +1,8 @@
 """Accuracy of an evolm samples file (``samples/gen-NNN.jsonl``, countdown, chat prompt) by
-number count and by whether a fixed answer template solves the puzzle (evolm's
-``classify``), the split the eval's own metrics do not cross.
+number count and by the fixed rules that solve the puzzle (evolm's ``classify``): ``order``, a
+fixed operator pattern in the puzzle's order (a template); ``size``, only a size-order rule
+(the same patterns over the numbers sorted largest first); ``none``, no fixed rule. The eval's
+own metrics do not cross these with the number count.
 
     python families.py samples/gen-000.jsonl
 """
@@ -20,8 +22,9 @@ def main() -> None:
             row = json.loads(line)
             user = row["prompt"].split("<|im_start|>user\n")[-1]  # the puzzle's turn, not a shot's
             numbers = [int(x) for x in re.search(r"numbers \[([^\]]*)\]", user).group(1).split()]
-            target = re.search(r"equals (-?\d+)", user).group(1)
-            kind = "template" if classify(numbers, target).template_solvable else "free"
+            target = re.search(r"equals (-?\d+(?:\.\d+)?)\. ", user).group(1)
+            info = classify(numbers, target)
+            kind = "order" if info.patterns else "size" if info.ranked else "none"
             acc[len(numbers), kind][0] += row["scores"]["accuracy"]
             acc[len(numbers), kind][1] += 1
     for (n, kind), (right, rows) in sorted(acc.items()):
