@@ -7,7 +7,8 @@ Qwen2.5-Coder-0.5B-Instruct (chat prompt) solve any of the paper's 3-number trai
 N puzzles, K completions each (TEMPERATURE 0: greedy), MAX_NEW new tokens, cut after the first
 ``</answer>``. SHOTS (0-2): ``task.shots``, worked examples given first as earlier chat turns
 (``evolm.task.countdown.shots``), a search that fails, then checks and answers. DROP:
-``task.drop_templates`` (``train``: only the puzzles no template solves; session 12). Prints a
+``task.drop_templates`` (``train``: only the puzzles no template solves; ``train+size``: nor
+a size-order rule, ``task.drop_size_rules``; session 12). Prints a
 JSON summary, the first 12 answers' ends and every right answer.
 """
 
@@ -26,7 +27,7 @@ from evolm.task.countdown import Countdown
 def main() -> None:
     model_dir, n, k, max_new, temp = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5])
     shots = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-    drop = sys.argv[7] if len(sys.argv) > 7 else None
+    drop, _, size = (sys.argv[7] if len(sys.argv) > 7 else "").partition("+")
     task = Countdown(
         data_file=os.environ.get("EVOLM_COUNTDOWN_JSON", "countdown.json"),
         train_size=200,
@@ -36,7 +37,8 @@ def main() -> None:
         format_weight=0.0,
         stop=["</answer>"],
         shots=shots,
-        drop_templates=drop,
+        drop_templates=drop or None,
+        drop_size_rules=size == "size",
     )
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
@@ -66,7 +68,7 @@ def main() -> None:
         "n": n,
         "k": k,
         "shots": shots,
-        "drop_templates": drop,
+        "drop": sys.argv[7] if len(sys.argv) > 7 else None,
         "temperature": temp,
         "max_new": max_new,
         "seconds": round(time.time() - start),
