@@ -138,7 +138,8 @@ class RowDecoder:
         finally:
             self.close()
         missing = [row for row, c in enumerate(out) if c is None]
-        assert not missing, f"rows never retired by the engine: {missing[:8]}"
+        if missing:
+            raise RuntimeError(f"rows the engine never retired: {missing[:8]}")
         return out  # type: ignore[return-value]
 
     def close(self) -> None:

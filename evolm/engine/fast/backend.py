@@ -119,7 +119,6 @@ class FastBackend:
     ) -> torch.Tensor:
         """New tokens of rows of any members in any order, each with its own budget
         (``retired``: :meth:`Scheduler.run <.scheduler.Scheduler.run>`'s callback)."""
-
         self.match_quantization()
         staging = time.perf_counter()
         adapters, sampling, budgets = request.adapters, request.sampling, request.budgets
