@@ -160,6 +160,7 @@ def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
         "accuracy/muldiv": 1 / 2,
         "accuracy/n3": 6 / 12,
         "accuracy/n4": 1.0,
+        "accuracy/no_rule": 0 / 2,  # UNSOLVABLE: no fixed rule solves it (nor anything)
         # each answer's form on the 6 three-number puzzles (the better of the puzzle's order
         # and largest first) or the one four-number puzzle: member 0 2/6 + 2/6 + 2/6 (a - b + c
         # solves MINUS_PLUS and MINUS_PLUS2; its largest-first form MINUS_PLUS and ADDSUB),
@@ -169,6 +170,16 @@ def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
     }
     assert out.keys() == expected.keys()
     assert out == pytest.approx(expected)
+
+
+def test_no_rule_accuracy_leaves_out_what_a_size_order_rule_solves(task: Countdown) -> None:
+    """``accuracy/no_rule``: FREE (-5 + 4 + 3) counts; ADDSUB, which no puzzle-order template
+    solves (so it counts beyond shortcuts) but the size-order rule 10 + 5 - 3 does, does not."""
+    examples = [row(*FREE), row(*ADDSUB), row(*FREE)]
+    scores = task.score(examples, answers(["4 - 5 + 3", "10 + 5 - 3", "5 + 4 - 3"]))
+    assert scores["accuracy"] == [1, 1, 0]
+    out = task.summarize(examples, scores)
+    assert out["accuracy_beyond_shortcuts"] == 2 / 3 and out["accuracy/no_rule"] == 1 / 2
 
 
 def test_empty_subsets_are_left_out_never_nan(task: Countdown) -> None:
