@@ -6,11 +6,11 @@ for r in "$@"; do echo "== $r"; grep -h -E "generation|Error|error|WARN" $r.log 
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
 for r in "$@"; do grep -h '"eval/accuracy_mean"' $r/results.jsonl 2>/dev/null | python3 -c "
 import json,sys
-keys=('accuracy_mean','accuracy_lift','blind_accuracy','closeness_mean','format_reward_mean','completion_tokens')
+keys=('accuracy_mean','accuracy_lift','blind_accuracy','accuracy_beyond_shortcuts','accuracy/no_rule','accuracy/n3','completion_tokens')
 for l in sys.stdin:
     d=json.loads(l); print('$r', d['generation'], {k:round(d['eval/'+k],3) for k in keys if 'eval/'+k in d})"; done
 for r in "$@"; do tail -n 1 $r/results.jsonl 2>/dev/null | python3 -c "
 import json,sys
-keys=('accuracy_mean','accuracy_lift','pass_at_population','accuracy_beyond_shortcuts','completion_tokens','truncated_share')
+keys=('accuracy_mean','accuracy_lift','pass_at_population','accuracy_beyond_shortcuts','accuracy/no_rule','completion_tokens','truncated_share')
 for l in sys.stdin:
     d=json.loads(l); print('$r train', d['generation'], round(d.get('time/train_s',0)), round(d.get('time/generation_s',0),1), {k:round(d['train/'+k],3) for k in keys if 'train/'+k in d})"; done
