@@ -120,6 +120,12 @@ class PuzzleInfo:
         """Some fixed operator pattern solves the puzzle."""
         return bool(self.patterns)
 
+    @property
+    def rule_solvable(self) -> bool:
+        """Some fixed rule solves the puzzle: a pattern in its order or a size-order rule
+        (``task.drop_size_rules`` drops such puzzles; ``accuracy/no_rule`` is on the others)."""
+        return bool(self.patterns or self.ranked)
+
     def solved_by(self, template: str) -> bool:
         """Whether the named template (:data:`TEMPLATES`) solves the puzzle."""
         return TEMPLATES[template] * (self.size - 1) in self.patterns

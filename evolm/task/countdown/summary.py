@@ -22,9 +22,9 @@ BY_SIZE = "by_size"
 """``shortcut/by_size``: the best size-order rule per puzzle size."""
 
 ACCURACY_FAMILIES = ("template", "addsub", "muldiv")
+"""The families whose accuracy is logged (an unsolvable puzzle's is 0 by definition)."""
 NO_RULE = "no_rule"
 """``accuracy/no_rule``: the puzzles no fixed rule solves, in the puzzle's order or by size."""
-"""The families whose accuracy is logged (an unsolvable puzzle's is 0 by definition)."""
 
 
 def puzzle_rates(infos: Sequence[PuzzleInfo]) -> dict[str, float]:
@@ -73,8 +73,7 @@ def shortcut_summary(
         out[M.ACCURACY_LIFT] = sum(c > 0.5 for c in correct) / len(correct) - out[M.BLIND_ACCURACY]
     beyond = [c for info, c in zip(infos, correct, strict=True) if not info.template_solvable]
     _accuracy(out, M.ACCURACY_BEYOND_SHORTCUTS, beyond)
-    # nor a size-order rule: no fixed rule at all (``drop_size_rules``' puzzles)
-    free = [c for info, c in zip(infos, correct, strict=True) if not (info.patterns or info.ranked)]
+    free = [c for info, c in zip(infos, correct, strict=True) if not info.rule_solvable]
     _accuracy(out, M.subset_accuracy(NO_RULE), free)
     right = [t for c, t in zip(correct, template_answer, strict=True) if c > 0.5]
     if right:
