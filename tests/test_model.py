@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +24,9 @@ from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
 from evolm.model.cache import CACHE_ENV, build_atomically, is_built
 from evolm.model.gguf.weights import MODELS, locate
+from evolm.model.tiny import pinned
 from evolm.model.tiny.build import build_tiny_model
+from evolm.model.tiny.pinned import build_pinned
 from evolm.task.countdown import warmup as countdown_warmup
 from evolm.task.countdown.reward import paper_prompt
 from evolm.task.countdown.warmup import CountdownWarmup
@@ -411,24 +415,35 @@ def test_tiny_model_warm_up_follows_the_task(overrides: list[str], expected: dic
 
 
 # A build in a fresh process whose CPU kernels the environment picks: ATEN_CPU_CAPABILITY
-# chooses ATen's vectorized kernels, MKL_CBWR=COMPATIBLE MKL's oldest GEMM path instead of its
-# per-CPU one, OMP_NUM_THREADS the threads: what differs between two x86-64 machines. ATen does
-# not clamp the variable to the CPU (avx512 on a CPU without AVX-512 dies of SIGILL, seen on a
-# CI machine), so the second machine asks for avx512 only where this CPU has it.
+# chooses ATen's vectorized kernels, MKL_CBWR MKL's GEMM path (COMPATIBLE: its oldest instead
+# of its per-CPU one), OMP_NUM_THREADS the threads, GLIBC_TUNABLES hides the CPU's AVX-512 from
+# glibc's own dispatch: what differs between two x86-64 machines. ATen does not clamp the
+# variable to the CPU (avx512 on a CPU without AVX-512 dies of SIGILL, seen on a CI machine), so
+# the second machine asks for avx512 only where this CPU has it. ``pinned``: through
+# evolm.model.tiny.pinned (what TinyModel.resolve runs), else in the calling process.
 BUILD_IN_ENV = """
-import hashlib, sys, torch
+import hashlib, logging, sys, torch
+from pathlib import Path
 from evolm.model import TinyModel
 from evolm.model.tiny import build as tiny
+from evolm.model.tiny.pinned import build_pinned
 from evolm.task.countdown.warmup import CountdownWarmup
 tiny.WARMUP_DTYPE = getattr(torch, sys.argv[2])
 spec = TinyModel(warmup_steps=60, countdown_share=0.75, countdown_untagged=0.5)
-out = tiny.build_tiny_model(sys.argv[1], spec, CountdownWarmup())
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+builder = build_pinned if sys.argv[3] == "pinned" else tiny.build_tiny_model
+out = Path(builder(Path(sys.argv[1]), spec, CountdownWarmup()))
 print(torch.backends.cpu.get_cpu_capability(), hashlib.sha256(
     (out / "model.safetensors").read_bytes()).hexdigest())
 """
+BUILD_PROCESS = re.compile(r"build process: ATen's (\w+) kernels, MKL_CBWR=(\S+), (\d+) thread")
 WIDEST = "avx512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "avx2"
 MACHINES = {
-    "avx2, 1 thread": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"},
+    "avx2, 1 thread, glibc without AVX-512": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "OMP_NUM_THREADS": "1",
+        "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL,-AVX512CD",
+    },
     f"{WIDEST}, MKL compatible path, 2 threads": {
         "ATEN_CPU_CAPABILITY": WIDEST,
         "MKL_CBWR": "COMPATIBLE",
@@ -437,10 +452,13 @@ MACHINES = {
 }
 
 
-def build_in_env(out: Path, name: str, env: dict[str, str], dtype: str) -> tuple[str, str]:
-    """``(ATen's kernel capability, sha256 of model.safetensors)`` of a build into ``out``."""
+def build_in_env(
+    out: Path, name: str, env: dict[str, str], dtype: str, pinned: bool
+) -> tuple[str, str]:
+    """``(ATen's kernel capability, sha256 of model.safetensors)`` of a build into ``out``: the
+    build process's capability, MKL path and threads where it is pinned."""
     proc = subprocess.run(
-        [sys.executable, "-c", BUILD_IN_ENV, str(out), dtype],
+        [sys.executable, "-c", BUILD_IN_ENV, str(out), dtype, "pinned" if pinned else "here"],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -448,34 +466,105 @@ def build_in_env(out: Path, name: str, env: dict[str, str], dtype: str) -> tuple
     )
     assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
     capability, digest = proc.stdout.split()[-2:]
+    if pinned:
+        found = BUILD_PROCESS.search(proc.stderr)
+        assert found is not None, proc.stderr[-3000:]
+        capability = " ".join(found.groups())
     return capability, digest
 
 
-def builds_in_envs(tmp_path: Path, dtype: str) -> dict[str, tuple[str, str]]:
+def builds_in_envs(tmp_path: Path, dtype: str, pinned: bool) -> dict[str, tuple[str, str]]:
     """:func:`build_in_env` under every one of :data:`MACHINES`, side by side (each warm-up
     runs on one thread: the builds take both cores of a 2-core CI machine, not twice as long)."""
+    tag = "pinned" if pinned else "here"
     with ThreadPoolExecutor(len(MACHINES)) as pool:
         futures = {
-            name: pool.submit(build_in_env, tmp_path / f"{dtype}-{i}", name, env, dtype)
+            name: pool.submit(
+                build_in_env, tmp_path / f"{dtype}-{tag}-{i}", name, env, dtype, pinned
+            )
             for i, (name, env) in enumerate(MACHINES.items())
         }
         return {name: f.result() for name, f in futures.items()}
 
 
 @pytest.mark.slow
-def test_countdown_build_bytes_do_not_depend_on_cpu_kernels_or_threads(tmp_path: Path) -> None:
-    """The countdown warm-up gives the same bytes under the kernels two machines would run.
+def test_pinned_build_bytes_do_not_depend_on_the_callers_cpu_kernels(tmp_path: Path) -> None:
+    """Built through :func:`evolm.model.tiny.pinned.build_pinned` (what ``resolve`` runs), the
+    countdown model comes from ATen's AVX2 kernels, MKL's ``AVX2,STRICT`` path and one thread,
+    with the same bytes, whatever kernels, MKL path, threads and glibc dispatch its caller has.
 
-    The control: the same builds with a float32 warm-up differ wherever the CPU has AVX-512
-    (on an AVX2-only CPU both runs take the same ATen kernels, and the control is skipped).
-    """
-    built = builds_in_envs(tmp_path, "float64")
+    The control: those two environments do pick other kernels: in the calling process, a
+    float32 warm-up gives two models under them wherever the CPU has AVX-512 (on an AVX2-only
+    CPU both take the same kernels). A float64 warm-up of these 60 steps agrees there too, but
+    800 did not (three models on one AMD EPYC): hence the pinning, and the reference bytes of
+    the 800-step model below."""
+    built = builds_in_envs(tmp_path, "float64", pinned=True)
     assert len({digest for _, digest in built.values()}) == 1, built
-    capabilities = {capability for capability, _ in built.values()}
-    if capabilities == {"AVX2"}:
-        pytest.skip("no AVX-512 here: both builds ran the same ATen kernels (float64 agreed)")
-    control = builds_in_envs(tmp_path, "float32")
+    kernels = {capability for capability, _ in built.values()}
+    assert kernels == {"AVX2 AVX2,STRICT 1"}, built  # the build process's, not its caller's
+    control = builds_in_envs(tmp_path, "float32", pinned=False)
+    if {capability for capability, _ in control.values()} == {"AVX2"}:
+        pytest.skip("no AVX-512 here: both builds ran the same ATen kernels")
     assert len({digest for _, digest in control.values()}) == 2, control
+
+
+def test_pinned_build_raises_the_build_process_error(tmp_path: Path) -> None:
+    """A build that fails in its process fails here, with that process's own message."""
+    spec = TinyModel(warmup_steps=2, countdown_share=0.5)  # countdown steps, but no warm-up data
+    with pytest.raises(RuntimeError, match=r"(?s)exit code 1.*pass warmup="):
+        build_pinned(tmp_path / "out", spec, warmup=None)
+
+
+def test_a_cpu_without_avx2_builds_with_default_kernels_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(pinned, "has_avx2", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="evolm.model.tiny.pinned"):
+        env = pinned.kernel_env()
+    assert env["ATEN_CPU_CAPABILITY"] == "default" and env["MKL_CBWR"] == "COMPATIBLE,STRICT"
+    assert "no AVX2" in caplog.text
+    monkeypatch.setattr(pinned, "has_avx2", lambda: True)
+    assert pinned.kernel_env()["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
+# The sha256 of model.safetensors of the models the tests build through TinyModel.resolve (the
+# pinned build), measured on an AMD EPYC (AVX-512) with these versions: every x86-64 machine with
+# AVX2 and the same versions must build the same bytes. Other versions may round differently
+# (their own bytes, their own demo numbers), so there the check is skipped.
+REFERENCE_VERSIONS = {"torch": "2.13.0+cpu", "transformers": "5.25.0", "tokenizers": "0.23.3"}
+REFERENCE_BUILDS = {  # the fixture that builds the model: its sha256
+    "tiny_model_dir": "6a6b4aabf955cac60f4ad62ee662e5a38c0ebdacdd5e85e74d32e3c96656b584",
+    "countdown_model_dir": "23419091b17cab72fba8fa558bd264a58af75fe71a2be0a346b48b394aedc58f",
+}
+
+
+def installed_versions() -> dict[str, str]:
+    import tokenizers
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
+
+
+@pytest.mark.skipif(
+    installed_versions() != REFERENCE_VERSIONS,
+    reason=f"the reference builds were made with {REFERENCE_VERSIONS}",
+)
+@pytest.mark.parametrize("fixture", sorted(REFERENCE_BUILDS))
+def test_tiny_models_bytes_equal_the_reference_builds(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """The default and the countdown tiny models (the README demos') have the reference bytes:
+    this machine runs the same demos as the one whose numbers README.md gives."""
+    digest = sha256(Path(request.getfixturevalue(fixture)) / "model.safetensors")
+    assert digest == REFERENCE_BUILDS[fixture], (
+        f"this machine ({torch.backends.cpu.get_cpu_capability()}) built another model "
+        f"({fixture}) than the reference ({digest[:16]} vs {REFERENCE_BUILDS[fixture][:16]}) "
+        "with the same versions: the pinned build (evolm.model.tiny.pinned) is not portable to it"
+    )
 
 
 def test_warm_up_eta_weighs_each_kind_of_step() -> None:

@@ -85,13 +85,14 @@ def warm_up(
     thread, from a forked RNG (the caller's RNG and threads are untouched), then rounded back
     to the model's float32.
 
-    In float32 the warm-up's result depends on the CPU: AVX-512 and AVX2 kernels (and MKL's
+    In float32 the warm-up's result depends on the CPU's kernels: AVX-512 and AVX2 (and MKL's
     per-CPU GEMM paths) round differently, and hundreds of AdamW steps (whose ``m / sqrt(v)``
-    magnifies tiny gradient differences) carry that into every weight, so two x86-64 machines
-    built different countdown models that ES then learned different things from. In float64
-    those kernels agree to the bit on this model and its rounding to float32 hides what is
-    left: the same spec gives the same bytes on AVX2 and AVX-512 CPUs, whatever MKL path or
-    thread count (``tests/test_tiny_model.py``). It costs about twice the float32 time.
+    magnifies tiny gradient differences) carry that into every weight. float64 shrinks those
+    differences (a 60-step build agrees under all of them) but does not remove them: the
+    800-step countdown build still differed between kernels. So this function alone is
+    deterministic on one machine's kernels; :func:`evolm.model.tiny.pinned.build_pinned` (what
+    ``TinyModel.resolve`` runs) pins them, for the same bytes on every AVX2 CPU. float64 costs
+    about twice the float32 time.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the builder's output changes for the same spec: old cache entries are then ignored.
-TINY_BUILD_VERSION = 3
+TINY_BUILD_VERSION = 4  # 4: built in a process with pinned CPU kernels (.pinned)
 MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads at the first request.
 MIN_VOCAB_SIZE = 512  # 256 byte-level symbols + 3 special tokens + room for merges.
 
@@ -176,6 +176,6 @@ def corpus_digest() -> str:
 
 
 def _build_tiny(spec: TinyModel, out: Path, warmup: WarmupData | None) -> None:
-    from evolm.model.tiny.build import build_tiny_model  # heavy imports only when building
+    from evolm.model.tiny.pinned import build_pinned  # heavy imports only when building
 
-    build_tiny_model(out, spec, warmup)
+    build_pinned(out, spec, warmup)
