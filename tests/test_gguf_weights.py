@@ -220,3 +220,37 @@ def test_join_cli_writes_the_verified_file(
         assert join_main(["fake-w", "--out", str(tmp_path / "bad.gguf")]) == 2
     assert "cd" * 32 in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "site"]
+
+
+def test_a_conversion_parses_each_gguf_file_once(tmp_path: Path) -> None:
+    """Inside ``_one_reader_per_file`` every ``gguf.GGUFReader(path)`` of one file (as
+    transformers' loader imports it, by the module attribute) is the one parse; the class is
+    back after the block, and another file gets its own reader."""
+    import gguf
+    import numpy as np
+
+    from evolm.model.gguf import _one_reader_per_file
+
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"m{i}.gguf"
+        writer = gguf.GGUFWriter(path, "llama")
+        writer.add_uint32("test.index", i)
+        writer.add_tensor("w", np.full((2, 2), i, dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        paths.append(path)
+    original = gguf.GGUFReader
+    with _one_reader_per_file():
+        from gguf import GGUFReader  # what the loader does inside its function
+
+        first = GGUFReader(paths[0])
+        assert GGUFReader(str(paths[0])) is first
+        other = GGUFReader(paths[1])
+        assert other is not first
+        assert int(other.fields["test.index"].parts[-1][0]) == 1
+        assert float(first.tensors[0].data.sum()) == 0.0
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(paths[0]) is not gguf.GGUFReader(paths[0])

@@ -6,7 +6,8 @@
 # Expects /root/p/<model>.part-* (the model's GGUF in pieces, as carried), /root/countdown.json,
 # and the wheelhouse installed. The run stops itself after SECONDS with SIGTERM (evolm
 # checkpoints its last generation and exits 143); `resume=/root/runs/NAME` continues it.
-# SECONDS counts from the call: the GGUF's first conversion (~95 s at 0.5B) comes out of it, so
+# SECONDS counts from the call: the GGUF's first conversion (~95 s at 0.5B before session 13's
+# one-parse change, 2.2x faster on the CPU since) comes out of it, so
 # convert first (`bash launch.sh 0 0 - q05 convert`), then compute time_budget_s and launch.
 set -u
 t0=$(date +%s)
