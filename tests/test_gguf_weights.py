@@ -224,8 +224,8 @@ def test_join_cli_writes_the_verified_file(
 
 def test_a_conversion_parses_each_gguf_file_once(tmp_path: Path) -> None:
     """Inside ``_one_reader_per_file`` every ``gguf.GGUFReader(path)`` of one file (as
-    transformers' loader imports it, by the module attribute) is the one parse; the class is
-    back after the block, and another file gets its own reader."""
+    transformers' loader imports it, by the module attribute) is the one parse, in a nested
+    block too; the class is back after the block, and another file gets its own reader."""
     import gguf
     import numpy as np
 
@@ -252,5 +252,8 @@ def test_a_conversion_parses_each_gguf_file_once(tmp_path: Path) -> None:
         assert other is not first
         assert int(other.fields["test.index"].parts[-1][0]) == 1
         assert float(first.tensors[0].data.sum()) == 0.0
+        with _one_reader_per_file():  # nested: the same readers, and the outer block's patch
+            assert gguf.GGUFReader(paths[0]) is first
+        assert gguf.GGUFReader(paths[0]) is first
     assert gguf.GGUFReader is original
     assert gguf.GGUFReader(paths[0]) is not gguf.GGUFReader(paths[0])

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +32,7 @@ from evolm.task.countdown import warmup as countdown_warmup
 from evolm.task.countdown.reward import paper_prompt
 from evolm.task.countdown.warmup import CountdownWarmup
 from tests.conftest import COUNTDOWN_TINY
-from tests.helpers import compose_config
+from tests.helpers import REPO, compose_config
 
 CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -513,6 +514,89 @@ def test_pinned_build_raises_the_build_process_error(tmp_path: Path) -> None:
     spec = TinyModel(warmup_steps=2, countdown_share=0.5)  # countdown steps, but no warm-up data
     with pytest.raises(RuntimeError, match=r"(?s)exit code 1.*pass warmup="):
         build_pinned(tmp_path / "out", spec, warmup=None)
+
+
+PARENT_OF_A_BUILD = """
+import sys
+from pathlib import Path
+from evolm.model import TinyModel
+from evolm.model.tiny.pinned import build_pinned
+build_pinned(Path(sys.argv[1]), TinyModel(warmup_steps=int(sys.argv[2])))
+print("built")
+"""
+
+
+def test_the_build_process_imports_its_parents_evolm_not_the_working_directorys(
+    tmp_path: Path,
+) -> None:
+    """A script run from a folder that holds another ``evolm`` (a checkout, a worktree): its
+    build process imports the ``evolm`` the script did, not the folder's."""
+    (tmp_path / "evolm").mkdir()
+    (tmp_path / "evolm" / "__init__.py").write_text("raise ImportError('the wrong evolm')\n")
+    script = tmp_path / "scripts" / "parent.py"
+    script.parent.mkdir()
+    script.write_text(PARENT_OF_A_BUILD)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out"), "2"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-3000:]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no one reaped counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_the_build_process_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the process that asked for a build (no cleanup runs) ends the build too."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_OF_A_BUILD, str(tmp_path / "out"), "100000"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    children: list[int] = []
+    deadline = time.monotonic() + 60
+    while not children and time.monotonic() < deadline:
+        time.sleep(0.2)
+        listed = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+        children = [int(pid) for pid in listed.read_text().split()] if listed.exists() else []
+    assert children, "no build process started"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while any(process_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(process_alive(pid) for pid in children)
+
+
+def test_warm_up_data_of_main_is_refused_and_stray_lines_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The build process cannot import a class of ``__main__``: one clear error before it
+    starts. A line of its output that is not a log record is logged as it is."""
+
+    class Local:
+        pass
+
+    Local.__module__ = "__main__"
+    with pytest.raises(TypeError, match="defined in __main__"):
+        build_pinned(Path("unused"), TinyModel(warmup_steps=1), Local())  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="evolm.model.tiny.pinned"):
+        pinned._relay(b"a line from a library\n")
+        pinned._relay(b'{"name": "evolm.x", "level": 30, "msg": "a warning"}\n')
+    assert "a line from a library" in caplog.text
+    assert ("evolm.x", logging.WARNING, "a warning") in caplog.record_tuples
 
 
 def test_a_cpu_without_avx2_builds_with_default_kernels_and_says_so(

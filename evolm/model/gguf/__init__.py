@@ -45,6 +45,7 @@ import importlib.util
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,30 +230,39 @@ def convert_gguf(gguf_path: Path, out: Path, dtype: str = "float32") -> Path:
     return out
 
 
+_READERS_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _one_reader_per_file() -> Iterator[None]:
     """Inside the block, ``gguf.GGUFReader`` parses each file once and hands out that reader
     again (read-only: a memory map and its parsed fields). transformers parses the file for the
     config, again for the tokenizer and again for the weights, and :func:`_align_tokenizer` once
-    more; each parse of Qwen2.5's 151,665 token strings took ~12 s of a 0.5B conversion's ~81 s
-    on a 2-core CPU. transformers imports the class inside its loader, so the module attribute
-    is what it gets."""
+    more; each parse of Qwen2.5's 151,665 token strings took ~12 s of a 0.5B conversion's ~47 s
+    on a 2-core CPU (``benchmarks/gguf_convert.py``). transformers imports the class inside its
+    loader, so the module attribute is what it gets. One block at a time (other threads wait);
+    a block inside one is a no-op."""
     import gguf
 
-    original = gguf.GGUFReader
-    readers: dict[tuple[str, str], object] = {}
+    with _READERS_LOCK:
+        if getattr(gguf.GGUFReader, "shares_parses", False):
+            yield
+            return
+        original = gguf.GGUFReader
+        readers: dict[tuple[str, str], object] = {}
 
-    def reader(path: str | os.PathLike[str], mode: str = "r") -> object:
-        key = (os.path.realpath(path), mode)
-        if key not in readers:
-            readers[key] = original(path, mode)
-        return readers[key]
+        def reader(path: str | os.PathLike[str], mode: str = "r") -> object:
+            key = (os.path.realpath(path), mode)
+            if key not in readers:
+                readers[key] = original(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader = reader  # type: ignore[assignment,misc]
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original  # type: ignore[misc]
+        reader.shares_parses = True  # type: ignore[attr-defined]
+        gguf.GGUFReader = reader  # type: ignore[assignment,misc]
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = original  # type: ignore[misc]
 
 
 CONTROL, USER_DEFINED = 3, 4  # GGUF token types (gguf.TokenType)

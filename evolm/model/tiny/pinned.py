@@ -18,6 +18,7 @@ instead, and says that its bytes differ. The build's log lines reach the caller'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -78,20 +80,37 @@ class _JsonLines(logging.Handler):
         self.stream = stream
 
     def emit(self, record: logging.LogRecord) -> None:
-        line = {"name": record.name, "level": record.levelno, "msg": record.getMessage()}
-        self.stream.write(json.dumps(line) + "\n")
-        self.stream.flush()
+        try:
+            msg = record.getMessage()
+            if record.exc_info:
+                msg += "\n" + logging.Formatter().formatException(record.exc_info)
+            line = {"name": record.name, "level": record.levelno, "msg": msg}
+            self.stream.write(json.dumps(line) + "\n")
+            self.stream.flush()
+        except Exception:  # logging's contract: a bad record never kills the build
+            self.handleError(record)
+
+
+def _exit_with_parent() -> None:
+    """Read stdin to its end, then exit: the parent holds it open until the build is done, and
+    the system closes it when the parent dies (even of SIGKILL), so no orphan builds on."""
+    while os.read(0, 1 << 16):  # the raw descriptor: no buffer lock held at interpreter exit
+        pass
+    os._exit(1)
 
 
 def _child() -> None:
-    """The build process: its arguments pickled on stdin, its log records on stdout (anything
-    else written to stdout goes to stderr), its traceback on stderr."""
+    """The build process: its arguments pickled on stdin (kept open: :func:`_exit_with_parent`),
+    its log records on stdout (anything else written to stdout goes to stderr, which the parent
+    shows after), its traceback on stderr."""
     out, spec, warmup, level = pickle.load(sys.stdin.buffer)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     records = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     root = logging.getLogger()
     root.handlers[:] = [_JsonLines(records)]
     root.setLevel(level)
+    logging.captureWarnings(True)
     import torch  # loads here, with the pinned kernels
 
     from evolm.model.tiny.build import build_tiny_model
@@ -105,42 +124,82 @@ def _child() -> None:
     build_tiny_model(out, spec, warmup)
 
 
+# -c puts "" (the working directory) first on the child's path; dropped (as -P would), so the
+# child imports the evolm its parent did, through PYTHONPATH (the parent's path), not one that
+# happens to be in the working directory.
+_CHILD = (
+    "import sys\n"
+    "if sys.path[:1] == ['']: del sys.path[0]\n"
+    "from evolm.model.tiny.pinned import _child\n"
+    "_child()"
+)
+
+
+def _check_importable(*objs: object) -> None:
+    """The build process unpickles its arguments by their classes' module paths."""
+    for obj in objs:
+        if obj is not None and type(obj).__module__ == "__main__":
+            raise TypeError(
+                f"{type(obj).__name__} is defined in __main__, which the tiny model's build "
+                "process cannot import: define it in a module (evolm.model.tiny.pinned)"
+            )
+
+
+def _relay(line: bytes) -> None:
+    """Log one line of the build process's records here (a stray line as it is)."""
+    try:
+        record = json.loads(line)
+        name, level, msg = record["name"], int(record["level"]), str(record["msg"])
+    except (ValueError, KeyError, TypeError):
+        name, level, msg = __name__, logging.INFO, line.decode(errors="replace").rstrip()
+    logging.getLogger(name).log(level, "%s", msg)
+
+
 def build_pinned(out: Path, spec: TinyArch, warmup: WarmupData | None = None) -> Path:
     """:func:`~evolm.model.tiny.build.build_tiny_model` into ``out``, in a fresh Python process
     whose CPU kernels are :func:`kernel_env` 's (a subprocess, not multiprocessing: nothing
-    re-runs the caller's script); its log lines are logged here, its failure raised here."""
+    re-runs the caller's script); its log lines are logged here, what else it wrote to stderr
+    is written to this process's stderr, its failure is raised here, and it ends with this
+    process. ``spec`` and ``warmup`` travel pickled: their classes must be importable."""
+    _check_importable(spec, warmup)
     env = {
         **os.environ,
         **kernel_env(),
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
+        # this process's path, in its order ("": the working directory, as an absolute path)
+        "PYTHONPATH": os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path),
     }
-    level = logging.getLogger("evolm").getEffectiveLevel()
+    level = min(
+        logging.getLogger().getEffectiveLevel(), logging.getLogger("evolm").getEffectiveLevel()
+    )
     with tempfile.TemporaryFile() as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from evolm.model.tiny.pinned import _child; _child()"],
+            [sys.executable, "-c", _CHILD],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=env,
-            text=False,
         )
         try:
             assert proc.stdin is not None and proc.stdout is not None
-            with proc.stdin:
-                pickle.dump((out, spec, warmup, level), proc.stdin)
+            pickle.dump((out, spec, warmup, level), proc.stdin)
+            proc.stdin.flush()  # stdin stays open: the child exits when it closes
             for line in proc.stdout:
-                record = json.loads(line)
-                logging.getLogger(record["name"]).log(record["level"], "%s", record["msg"])
+                _relay(line)
             code = proc.wait()
         finally:
             if proc.poll() is None:  # this process was interrupted: so is the build
                 proc.kill()
                 proc.wait()
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # type: ignore[union-attr]
+            proc.stdout.close()  # type: ignore[union-attr]
+        stderr.seek(0)
+        written = stderr.read().decode(errors="replace")
         if code:
-            stderr.seek(0)
-            tail = stderr.read().decode(errors="replace")[-4000:]
             raise RuntimeError(
                 f"building the tiny model into {out} failed in its build process (exit code "
-                f"{code}):\n{tail}"
+                f"{code}):\n{written[-4000:]}"
             )
+        if written:
+            sys.stderr.write(written)  # its warnings and progress bars, as in this process
     return out
