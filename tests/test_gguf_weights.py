@@ -257,3 +257,38 @@ def test_a_conversion_parses_each_gguf_file_once(tmp_path: Path) -> None:
         assert gguf.GGUFReader(paths[0]) is first
     assert gguf.GGUFReader is original
     assert gguf.GGUFReader(paths[0]) is not gguf.GGUFReader(paths[0])
+
+
+def test_transformers_loader_parses_the_file_once_in_a_conversion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through transformers' own GGUF loader (what the config, tokenizer and weights loads
+    call): twice inside the block, one parse; outside it, one per call."""
+    import gguf
+    import numpy as np
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from evolm.model.gguf import _one_reader_per_file
+
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_uint32("llama.context_length", 8)
+    writer.add_tensor("w", np.zeros((2, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parses: list[str] = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            parses.append(str(args[0]))
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    with _one_reader_per_file():
+        load_gguf_checkpoint(str(path), return_tensors=False)
+        load_gguf_checkpoint(str(path), return_tensors=False)
+    assert len(parses) == 1
+    load_gguf_checkpoint(str(path), return_tensors=False)
+    assert len(parses) == 2
