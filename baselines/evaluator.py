@@ -1,10 +1,12 @@
 """Evaluate a baseline's adapter exactly as evolm evaluates the ES mean.
 
-:func:`evolm.loop.eval_metrics` on a fresh in-process engine (``server=local``, the ES run's
+:func:`evolm.loop.eval_metrics` on evolm's in-process engine (``server=local``, the ES run's
 settings): the same held-out puzzles, greedy decoding, stop strings and token budget, the same
 ``eval/*`` names (the task's scores, the completions' diagnostics, the shortcut figures, the KL
-to the base, extra evals). The engine is loaded for each evaluation and released after it, so
-the training process holds no second copy of the model between evaluations.
+to the base, extra evals). Without an engine of its own the run loads one for each evaluation
+and releases it after, so the training process holds no second copy of the model between
+evaluations; a run that keeps one (``grpo.generation=evolm``: its rollouts' engine) passes it,
+and the evaluation releases only what it sized (KV slots, adapter buffers), not the model.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from baselines.runconfig import SharedParts
 from evolm import metrics as M
 from evolm.callbacks import Record
 from evolm.callbacks.base import Sample
+from evolm.engine.base import Engine
 from evolm.loop import eval_metrics, eval_samples
 from evolm.lora import LoraPopulation
 
@@ -27,20 +30,23 @@ log = logging.getLogger(__name__)
 
 
 def evaluate_adapter(
-    parts: SharedParts, tensors: Sequence[torch.Tensor], seed: int
+    parts: SharedParts, tensors: Sequence[torch.Tensor], seed: int, engine: Engine | None = None
 ) -> tuple[Record, list[Sample]]:
     """The ``eval/*`` metrics of the adapter ``tensors`` (``parts.layout``'s order, fp32) with
-    ``time/eval_s`` (the engine's load included), and every eval prompt with its completion and
-    scores (what the ES run's ``samples/`` holds)."""
+    ``time/eval_s`` (the engine's load included when it is loaded here), and every eval prompt
+    with its completion and scores (what the ES run's ``samples/`` holds). ``engine``: the
+    run's persistent engine (None: one loaded for this evaluation alone)."""
     start = time.perf_counter()
-    engine = parts.make_engine()
+    owned = engine is None
+    engine = parts.make_engine() if engine is None else engine
     try:
         adapter = LoraPopulation.single(parts.layout, [t.detach().float() for t in tensors])
         metrics, ev = eval_metrics(engine, parts.task, adapter, seed, extra_evals=parts.extra_evals)
         samples = eval_samples(engine, parts.task, ev, range(len(parts.task.eval_examples())))
     finally:
-        engine.close()
-        del engine
+        engine.close()  # its KV slots and adapter buffers: the training step needs the memory
+        if owned:
+            del engine
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

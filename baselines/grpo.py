@@ -7,12 +7,14 @@ would run it, held to the same budget and evaluated as the ES run is.
 Every argument but ``grpo.<key>=...`` (:mod:`baselines.grpo_settings`) is an evolm override:
 the model, task, LoRA layout (rank, alpha, targets), ``seed``, ``generations`` (the step cap),
 ``time_budget_s`` and ``eval_every_s`` mean what they mean for ``python -m evolm``, and
-``server.*`` sets the engine that evaluates. The run directory gets ``results.jsonl`` (evolm's
-keys: ``eval/*`` as the ES mean's, ``train/fitness_mean`` the mean reward of the step's
-completions, ``time/train_s``; TRL's logs as ``grpo/*``), ``peak_memory.json``,
-``config.yaml``, the final ``adapter/`` (PEFT format) and, at each evaluation, the first
-``callbacks.samples.count`` eval prompts with the adapter's completions and scores in
-``samples/gen-<step>.jsonl`` (the ES run's ``samples/``, the same count).
+``server.*`` sets the engine that evaluates (with ``grpo.generation=evolm``, the one engine
+that also samples the rollouts: :mod:`baselines.grpo_rollouts`). The run directory gets
+``results.jsonl`` (evolm's keys: ``eval/*`` as the ES mean's, ``train/fitness_mean`` the mean
+reward of the step's completions, ``train/tokens``, ``time/train_s``; TRL's logs as
+``grpo/*``), ``peak_memory.json``, ``config.yaml``, the final ``adapter/`` (PEFT format)
+and, at each evaluation, the first ``callbacks.samples.count`` eval prompts with the adapter's
+completions and scores in ``samples/gen-<step>.jsonl`` (the ES run's ``samples/``, the same
+count).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from baselines.grpo_settings import PREFIX, GRPOSettings, parse_settings, trl_co
 from baselines.runconfig import SharedParts, build_shared, compose_run
 from evolm.callbacks import Record
 from evolm.callbacks.samples import SampleWriter
+from evolm.engine.base import Engine
 from evolm.errors import ConfigError
 from evolm.loop import TrainClock
+from evolm.sampling import Sampling
 
 log = logging.getLogger("baselines.grpo")
 
@@ -64,34 +68,51 @@ def run(overrides: Sequence[str], settings: GRPOSettings) -> Path:
     if "output_dir" not in {o.split("=", 1)[0] for o in overrides}:
         raise ConfigError("output_dir", "is not set", "e.g. output_dir=outputs/grpo/run1")
     run_dir = Path(cfg.output_dir)
+    if settings.generation == "evolm" and "gpu_memory_utilization" in cfg.server:
+        cfg.server.gpu_memory_utilization = settings.engine_memory  # beside the training step
     parts = build_shared(cfg)
+    settings.check_stops(parts.task.sampling.stop)
     prompts = settings.prompts(getattr(parts.task, "samples_per_generation", 16))
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = OmegaConf.to_container(cfg, resolve=True)
     settings_dict = OmegaConf.to_container(OmegaConf.structured(settings))
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml({**plain, "grpo": settings_dict}))
-    trainer = build_trainer(parts, settings, prompts, run_dir)
-    log.info(
-        "GRPO: %d prompts x %d completions per step, lr %g, beta %g, %s; budget %s s of "
-        "training, evals every %s s, at most %d steps",
-        prompts,
-        settings.num_generations,
-        settings.learning_rate,
-        settings.beta,
-        "cuda" if torch.cuda.is_available() else "cpu",
-        cfg.time_budget_s,
-        cfg.eval_every_s,
-        cfg.generations,
-    )
-    trainer.train()
-    trainer.model.save_pretrained(str(run_dir / "adapter"))
+    engine = parts.make_engine() if settings.generation == "evolm" else None
+    try:
+        trainer = build_trainer(parts, settings, prompts, run_dir, engine)
+        log.info(
+            "GRPO: %d prompts x %d completions per step (rollouts: %s), lr %g, beta %g, %s; "
+            "budget %s s of training, evals every %s s, at most %d steps",
+            prompts,
+            settings.num_generations,
+            settings.generation,
+            settings.learning_rate,
+            settings.beta,
+            "cuda" if torch.cuda.is_available() else "cpu",
+            cfg.time_budget_s,
+            cfg.eval_every_s,
+            cfg.generations,
+        )
+        trainer.train()
+        trainer.model.save_pretrained(str(run_dir / "adapter"))
+    finally:
+        if engine is not None:
+            engine.close()
     log.info("run directory: %s", run_dir)
     return run_dir
 
 
-def build_trainer(parts: SharedParts, settings: GRPOSettings, prompts: int, run_dir: Path) -> Any:
+def build_trainer(
+    parts: SharedParts,
+    settings: GRPOSettings,
+    prompts: int,
+    run_dir: Path,
+    engine: Engine | None = None,
+) -> Any:
     """TRL's ``GRPOTrainer`` on the task's training puzzles and reward, with the budget
-    callback that times, evaluates, stops and records it."""
+    callback that times, evaluates, stops and records it. ``engine`` (``generation=evolm``):
+    the engine that samples the rollouts (:class:`~baselines.grpo_rollouts.EngineGRPOTrainer`)
+    and evaluates; None: each evaluation loads its own."""
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
@@ -105,7 +126,7 @@ def build_trainer(parts: SharedParts, settings: GRPOSettings, prompts: int, run_
     writer = SampleWriter(count=OmegaConf.select(cfg, "callbacks.samples.count", default=0))
 
     def evaluate(tensors: Sequence[torch.Tensor], step: int) -> Record:
-        record, samples = evaluate_adapter(parts, tensors, cfg.seed)
+        record, samples = evaluate_adapter(parts, tensors, cfg.seed, engine)
         writer.write(run_dir, step, cfg.generations, samples)  # as the ES run's samples/
         return record
 
@@ -117,18 +138,37 @@ def build_trainer(parts: SharedParts, settings: GRPOSettings, prompts: int, run_
         run_dir,
         cfg.generations,
     )
-    trainer = GRPOTrainer(
-        model=parts.model_path,
-        reward_funcs=reward,
-        args=args,
-        train_dataset=train_dataset(tokenizer, examples),
-        processing_class=tokenizer,
-        peft_config=lora_config(parts),
-        callbacks=[budget],
-    )
+    kwargs: dict[str, Any] = {
+        "model": parts.model_path,
+        "reward_funcs": reward,
+        "args": args,
+        "train_dataset": train_dataset(tokenizer, examples),
+        "processing_class": tokenizer,
+        "peft_config": lora_config(parts),
+        "callbacks": [budget],
+    }
+    if engine is None:
+        trainer = GRPOTrainer(**kwargs)
+    else:
+        trainer = engine_trainer(parts, args, engine, kwargs)
     reward.eos_ids |= set(trainer.eos_token_ids)  # the model's generation config's too
     log.info("GRPO on the task's %d training prompts", len(examples))
     return trainer
+
+
+def engine_trainer(parts: SharedParts, args: Any, engine: Engine, kwargs: dict[str, Any]) -> Any:
+    """The trainer whose rollouts ``engine`` samples at TRL's settings (``args``: temperature,
+    top-p, ``max_completion_length``) and the task's stop strings."""
+    from baselines.grpo_rollouts import EngineGRPOTrainer, EngineRollouts
+
+    sampling = Sampling(
+        max_new_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        stop=parts.task.sampling.stop,
+    )
+    rollouts = EngineRollouts(engine, parts.layout, sampling)
+    return EngineGRPOTrainer(rollouts=rollouts, **kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -105,7 +105,8 @@ class BudgetCallback(TrainerCallback):
             f.write(json_line(record))
 
     def _fresh_peak(self) -> None:
-        """Forget the evaluation's memory (its engine is released): the peak is training's."""
+        """Forget the evaluation's memory (its engine, or with ``grpo.generation=evolm`` the
+        engine's KV slots, is released): the peak is training's (rollouts included)."""
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
 

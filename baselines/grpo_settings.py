@@ -21,7 +21,14 @@ from evolm.errors import ConfigError
 from evolm.preflight.compose_check import closest
 
 PREFIX = "grpo."
-GENERATION = ("generate", "continuous_batching")
+GENERATION = ("generate", "continuous_batching", "evolm")
+ENGINE_SAMPLING = {  # GRPOConfig fields evolm's sampler has no counterpart for: their no-op values
+    "top_k": (0, None),
+    "min_p": (None,),
+    "repetition_penalty": (1.0,),
+    "generation_kwargs": (None, {}),
+}
+OTHER_ROLLOUTS = ("use_vllm", "use_transformers_continuous_batching")  # TRL's own backends
 
 
 @dataclass
@@ -41,8 +48,29 @@ class GRPOSettings:
         loss_type: TRL's (``dapo`` by default; ``grpo``, ``dr_grpo``, ``bnpo``...).
         scale_rewards: ``group`` (divide by the group's std), ``batch`` or ``none`` (Dr. GRPO).
         gradient_checkpointing: trade compute for activation memory (TRL's default: on).
-        generation: ``generate`` (``model.generate``, TRL's default) or ``continuous_batching``
-            (transformers' continuous batching; needs transformers >= 5.8).
+        generation: where the rollouts are sampled: ``generate`` (``model.generate``, TRL's
+            default), ``continuous_batching`` (transformers' continuous batching; needs
+            transformers >= 5.8) or ``evolm`` (evolm's in-process engine, ``server=local``, from
+            the current policy: the base weights plus the peft LoRA factors, read before every
+            rollout as TRL's vLLM path syncs its weights; :mod:`baselines.grpo_rollouts`). With
+            ``evolm`` one engine is loaded for the whole run and the evaluations reuse it; it
+            samples at ``temperature`` and ``grpo.trl.top_p`` (``top_k``, ``min_p``,
+            ``repetition_penalty`` and ``generation_kwargs`` are refused: it has none), to
+            ``task.max_new_tokens``, an EOS or the task's stop strings (a row ends after the
+            token that completes one, as the ES run's rows do, with no EOS after it, so
+            ``grpo.trl.mask_truncated_completions`` is refused then; the other paths run on to
+            an EOS and the reward cuts the text at the same place).
+        engine_memory: with ``generation=evolm``, the engine's
+            ``server.gpu_memory_utilization`` (it replaces the ES run's value, 0.9 by default,
+            which would leave the training step nothing): the share of the GPU's memory the
+            process may fill when the engine sizes its KV slots, both copies of the weights
+            (the engine's and the policy's) and anything else already allocated included. The
+            slots are sized for the rollouts' rows (``prompts_per_step x num_generations``) or
+            for the evaluation's prompts, at most this share, and the rollouts' slots stay
+            allocated between steps (evaluations release theirs), so about
+            ``1 - engine_memory`` of the GPU stays free for the training step's activations.
+            0.5 by default (TRL's colocated vLLM takes 0.3, but for itself alone: here the
+            policy's weights count too). Ignored on CPUs.
         trl: any other ``GRPOConfig`` field, passed as is (``grpo.trl.epsilon_high=0.28``).
     """
 
@@ -56,6 +84,7 @@ class GRPOSettings:
     scale_rewards: str = "group"
     gradient_checkpointing: bool = True
     generation: str = "generate"
+    engine_memory: float = 0.5
     trl: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,6 +113,46 @@ class GRPOSettings:
         if self.generation not in GENERATION:
             raise ConfigError(
                 "grpo.generation", f"unknown: {self.generation!r}", f"one of {list(GENERATION)}"
+            )
+        if not 0 < self.engine_memory <= 1:
+            raise ConfigError(
+                "grpo.engine_memory", f"must be in (0, 1], got {self.engine_memory}", "e.g. 0.5"
+            )
+        if self.generation == "evolm":
+            self._check_engine_sampling()
+
+    def _check_engine_sampling(self) -> None:
+        """``generation=evolm`` samples with a temperature and a top-p only: a TRL setting the
+        engine would ignore is refused (its key named), not silently dropped."""
+        for key, no_ops in ENGINE_SAMPLING.items():
+            if key in self.trl and self.trl[key] not in no_ops:
+                raise ConfigError(
+                    f"grpo.trl.{key}",
+                    f"{self.trl[key]!r}: grpo.generation=evolm samples with a temperature and "
+                    "top_p only",
+                    f"drop grpo.trl.{key}, or use grpo.generation=generate",
+                )
+        for key in OTHER_ROLLOUTS:
+            if self.trl.get(key):
+                raise ConfigError(
+                    f"grpo.trl.{key}",
+                    "asks TRL for its own rollouts, and grpo.generation=evolm for the engine's",
+                    f"drop grpo.trl.{key} (or use another grpo.generation)",
+                )
+        top_p = self.trl.get("top_p", 1.0)
+        if not 0 < top_p <= 1:
+            raise ConfigError("grpo.trl.top_p", f"must be in (0, 1], got {top_p}", "e.g. 0.95")
+
+    def check_stops(self, stop: Sequence[str]) -> None:
+        """With ``generation=evolm`` a row that ends at one of the task's stop strings has no
+        EOS, which TRL's ``mask_truncated_completions`` would take for a truncated row and
+        drop from the loss: refused."""
+        if self.generation == "evolm" and stop and self.trl.get("mask_truncated_completions"):
+            raise ConfigError(
+                "grpo.trl.mask_truncated_completions",
+                f"would drop every row that ends at a stop string {list(stop)} (no EOS follows "
+                "it with grpo.generation=evolm) from the loss",
+                "drop grpo.trl.mask_truncated_completions, or set task.stop=[]",
             )
 
     def prompts(self, default_prompts: int) -> int:
