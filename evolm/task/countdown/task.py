@@ -209,8 +209,11 @@ class Countdown(Task):
             answer form's blind rate on the puzzles scored with it
             (:mod:`evolm.task.countdown.blind`): a form written whatever the target earns 0 on
             average, so ES fitness pays only for choosing the answer by the puzzle (issue 36's
-            runs climbed to 14% by writing a few such forms). ``answer_reward`` and
-            ``accuracy`` keep their meaning; ``False`` (default): the paper's reward.
+            runs climbed to 14% by writing a few such forms). A completion with no answer,
+            or in a form that solves none of the puzzles, scores 0 and every wrong answer
+            less: members that answer right less often than their forms would blindly are
+            paid most for not answering (docs/tasks.md). ``answer_reward`` and ``accuracy``
+            keep their meaning; ``False`` (default): the paper's reward.
         format_weight: the weight of the format reward in ``reward`` (the paper: 0.1).
         closeness_weight: the weight of ``closeness`` in ``reward``
             (:func:`~evolm.task.countdown.reward.closeness`: 1 at the target, 0 at 100%
