@@ -171,7 +171,7 @@ class ESLoop:
     time_budget_s: float | None = None  # stop once the training time reaches it
     eval_every_s: float | None = None  # evaluate at training-time marks instead of eval_every
     eval_start: bool = True  # False: no eval of the start (another seed of the same base has it)
-    train_mean: bool = True  # the mean answers the training rows too: train/mean_*, member_gap
+    train_mean: bool = True  # the mean answers the training rows too: train/mean/*, member_gap
 
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""

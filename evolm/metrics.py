@@ -10,9 +10,9 @@ member's fitness is its mean reward).
 What the noise costs (``train_mean=true``, the default): the unperturbed ES mean answers the
 generation's training rows too, as one more adapter in the members' engine call (same prompts,
 same decoding; it is not a member: fitness, update and every other ``train/`` number are the
-members'). ``train/mean_k`` is the mean's average of score ``k`` on those rows
-(``train/mean_reward``, countdown's ``train/mean_accuracy``...), and ``train/member_gap`` is
-``train/mean_reward`` minus the members' average reward (``train/fitness_mean``, up to
+members'). ``train/mean/k`` is the mean's average of score ``k`` on those rows
+(``train/mean/reward``, countdown's ``train/mean/accuracy``...), and ``train/member_gap`` is
+``train/mean/reward`` minus the members' average reward (``train/fitness_mean``, up to
 rounding): positive, the perturbations cost reward (es.sigma too large); near 0 or negative,
 they do not. ``train/member_gap_se`` is its standard error over the generation's prompts
 (paired: per prompt, the mean's reward minus the members' average on it;
@@ -139,12 +139,12 @@ def train_score(key: str) -> str:
 
 def train_mean_score(key: str) -> str:
     """The unperturbed mean's average of a task score on the generation's training rows, e.g.
-    ``train/mean_accuracy`` (``train_mean=true``)."""
-    return f"train/mean_{key}"
+    ``train/mean/accuracy`` (``train_mean=true``)."""
+    return f"train/mean/{key}"
 
 
 TRAIN_MEAN_REWARD = train_mean_score("reward")
-MEMBER_GAP = "train/member_gap"  # train/mean_reward - the members' average reward
+MEMBER_GAP = "train/member_gap"  # train/mean/reward - the members' average reward
 MEMBER_GAP_SE = "train/member_gap_se"  # its standard error, paired by prompt
 
 

@@ -47,7 +47,7 @@ def without_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def without_mean(record: dict[str, Any]) -> dict[str, Any]:
     """A record without its times and the mean's training numbers (train_mean)."""
-    mean = ("time/", "train/mean_", M.MEMBER_GAP)
+    mean = ("time/", "train/mean/", M.MEMBER_GAP)
     return {k: v for k, v in record.items() if not k.startswith(mean)}
 
 
@@ -181,7 +181,7 @@ def test_a_run_stopped_by_its_time_budget_is_extended_by_a_resume(
 
 
 def test_a_run_from_before_train_mean_resumes_with_it_on(fast_run: Path, tmp_path: Path) -> None:
-    """A run whose config.yaml has no ``train_mean`` and whose records have no ``train/mean_*``
+    """A run whose config.yaml has no ``train_mean`` and whose records have no ``train/mean/*``
     (written as before the key, here with ``train_mean=false``) resumes with it on, and ends
     as the uninterrupted run (train_mean on) did: the mean's rows change nothing of the ES."""
     run_dir = tmp_path / "old"

@@ -1,5 +1,5 @@
 """``train_mean``: the unperturbed ES mean answers each generation's training rows in the members'
-engine call, scored apart (``train/mean_*``, ``train/member_gap``), and the health monitor says
+engine call, scored apart (``train/mean/*``, ``train/member_gap``), and the health monitor says
 when the noise destroys what the mean does. The real tiny model and engine."""
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def run(
 
 def without_mean(record: GenerationRecord) -> dict[str, Any]:
     flat = record.as_record()
-    mine = ("time/", "train/mean_", M.MEMBER_GAP)
+    mine = ("time/", "train/mean/", M.MEMBER_GAP)
     return {k: v for k, v in flat.items() if not k.startswith(mine)}
 
 
@@ -131,7 +131,7 @@ def test_the_means_rows_leave_the_members_trajectory_bit_equal(
     tiny: Tiny, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """train_mean on vs off: the members' fitness, every record number and each new mean are
-    bit-equal for three generations; train/mean_* is what the mean alone scores on those rows;
+    bit-equal for three generations; train/mean/* is what the mean alone scores on those rows;
     a healthy run (members near the mean) is not warned."""
     with caplog.at_level(logging.WARNING, logger="evolm.callbacks.health"):
         on, seen, ctx = run(tiny, tmp_path / "on", sigma=0.001)
@@ -151,7 +151,7 @@ def test_the_means_rows_leave_the_members_trajectory_bit_equal(
         alone = evaluate(tiny.engine, tiny.task, examples, before, seed=g)  # loop seed 0 + g
         record = seen.records[g].as_record()
         assert record[M.TRAIN_MEAN_REWARD] == alone.metrics["reward"]
-        assert record["train/mean_accuracy"] == alone.metrics["accuracy"]
+        assert record["train/mean/accuracy"] == alone.metrics["accuracy"]
         gap = record[M.TRAIN_MEAN_REWARD] - seen.records[g].scores["reward"]
         assert record[M.MEMBER_GAP] == gap and record[M.MEMBER_GAP_SE] >= 0
     members = [r.scores["reward"] for r in seen.records[1:]]
@@ -175,7 +175,7 @@ def test_noise_that_breaks_the_members_is_measured_and_warned(
     assert records[0][M.TRAIN_MEAN_REWARD] == base.metrics["reward"] == 1.0
     [warning] = noise_warnings(caplog)
     assert "lower es.sigma (now 0.05)" in warning
-    assert "train/mean_reward" in warning and "train/member_gap" in warning
+    assert "train/mean/reward" in warning and "train/member_gap" in warning
     assert "the unperturbed mean 1 on the same rows" in warning
     # the members tie (all broken), but "raise es.sigma" would be the wrong advice
     assert not any("NOT LEARNING" in r.getMessage() for r in caplog.records)
@@ -227,7 +227,7 @@ def noisy(generation: int, mean: float, members: float, se: float) -> Generation
 def test_the_record_and_progress_line_carry_the_means_reward() -> None:
     record = noisy(2, mean=0.15, members=0.01, se=0.02)
     flat = record.as_record()
-    assert flat[M.TRAIN_MEAN_REWARD] == 0.15 and flat["train/mean_accuracy"] == 0.15
+    assert flat[M.TRAIN_MEAN_REWARD] == 0.15 and flat["train/mean/accuracy"] == 0.15
     assert flat[M.MEMBER_GAP] == pytest.approx(0.14) and flat[M.MEMBER_GAP_SE] == 0.02
     assert flat["train/accuracy_mean"] == 0.01  # the members' own, unchanged
     assert "fitness 0.01 (std 0.01), mean 0.15, 0.0 s" in progress_line(record, 40)

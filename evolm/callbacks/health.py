@@ -50,7 +50,7 @@ less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitne
 0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations).
 
 A run whose perturbations break the model (``noise_destroys``) is told so from the mean's reward
-on the members' own training rows (``train_mean=true``: ``train/mean_reward``,
+on the members' own training rows (``train_mean=true``: ``train/mean/reward``,
 ``train/member_gap`` and its standard error ``train/member_gap_se``, :mod:`evolm.metrics`):
 ``THE NOISE DESTROYS WHAT THE MEAN DOES`` when in EACH of the run's first :data:`NOISE_WINDOW`
 generations that report them
@@ -252,7 +252,7 @@ class LearningMonitor(Callback):
         self.first: Record | None = None  # the run's first generation (the gaming baseline)
         self.first_eval: Record | None = None  # the run's first eval (the shortcut baseline)
         self.fell = 0  # evaluations in a row with the accuracy fallen and the fitness risen
-        self.noise_window: list[Record] = []  # the first generations with train/mean_reward
+        self.noise_window: list[Record] = []  # the first generations with train/mean/reward
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self._reset()

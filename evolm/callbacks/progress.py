@@ -76,7 +76,7 @@ class ProgressBar(Callback):
 def progress_line(record: GenerationRecord, generations: int) -> str:
     """``generation 3/40: fitness 0.1234 (std 0.0456), mean 0.1502, eval reward 0.2100, 1.3 s
     (engine tail 0.4 s)``: ``mean`` the unperturbed mean's reward on the same training rows
-    (``train/mean_reward``, where ``train_mean=true``), the tail (``time/engine_tail_s``) where
+    (``train/mean/reward``, where ``train_mean=true``), the tail (``time/engine_tail_s``) where
     the local engine reports it."""
     parts = []
     if record.es is not None:

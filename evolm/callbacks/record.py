@@ -49,11 +49,11 @@ class GenerationRecord:
     @property
     def mean_reward(self) -> float | None:
         """The unperturbed mean's reward on the generation's training rows
-        (``train/mean_reward``), None when it was not scored (``train_mean=false``)."""
+        (``train/mean/reward``), None when it was not scored (``train_mean=false``)."""
         return self.mean_scores.get("reward")
 
     def mean_metrics(self) -> dict[str, float]:
-        """``train/mean_<score>`` of every score of the mean, ``train/member_gap`` (the
+        """``train/mean/<score>`` of every score of the mean, ``train/member_gap`` (the
         mean's reward minus the members' average reward) and its standard error; empty without
         ``mean_scores``."""
         out = {M.train_mean_score(k): v for k, v in self.mean_scores.items()}
