@@ -133,6 +133,7 @@ class Config:
     generations: int = 50
     eval_every: int = 10
     eval_start: bool = True
+    train_mean: bool = True  # the mean also scored on each generation's training rows
     time_budget_s: float | None = None
     eval_every_s: float | None = None
     keep_best: str | None = None  # a metric of the mean's evals: its best mean kept (MeanWriter)
@@ -195,7 +196,8 @@ def now(pattern: str) -> str:
 
 
 def plus(a: Any, b: Any) -> int:
-    """``${evolm.plus:${es.population_size},1}``: integer sum (adapter slots = N + 1)."""
+    """``${evolm.plus:${es.population_size},1}``: integer sum (adapter slots = N + 1; a
+    bool counts 1: ``${evolm.plus:1,${train_mean}}``)."""
     return int(a) + int(b)
 
 

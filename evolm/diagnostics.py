@@ -68,6 +68,21 @@ def summarize(
     return out
 
 
+def member_gap_se(member_rewards: Sequence[float], mean_rewards: Sequence[float]) -> float:
+    """The standard error of ``train/member_gap`` (the mean's average reward minus the
+    members'), paired by prompt: the sample std over the prompts of (the mean's reward on the
+    prompt minus the members' average on it), over sqrt(prompts). ``member_rewards`` are the
+    members' rows (member-major), ``mean_rewards`` the mean's on the same prompts, in order.
+    NaN for fewer than two prompts."""
+    mean = torch.tensor(list(mean_rewards), dtype=torch.float64)
+    prompts = mean.numel()
+    if prompts < 2:
+        return math.nan
+    members = torch.tensor(list(member_rewards), dtype=torch.float64).view(-1, prompts)
+    paired = mean - members.mean(dim=0)
+    return (paired.std() / math.sqrt(prompts)).item()
+
+
 def pair_agreement(
     fitness: torch.Tensor, seeds: Sequence[int], signs: Sequence[int]
 ) -> float | None:

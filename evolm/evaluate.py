@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -11,7 +12,7 @@ import torch
 from evolm import metrics as M
 from evolm.diagnostics import RowStats, completion_stats, summarize
 from evolm.dist import SINGLE, Comm
-from evolm.engine.base import Engine, TextRequest
+from evolm.engine.base import Engine, Row, TextRequest
 from evolm.lora.layout import LoraPopulation
 from evolm.sampling import Sampling
 from evolm.task.base import Example, Scores, Task
@@ -55,16 +56,110 @@ def evaluate(
     all-gather), so every rank returns the same :class:`Evaluation` as one process would;
     ``completions`` then holds only this rank's rows (others are empty strings).
     """
+    members = 1 if adapters is None else len(adapters)
+    [ev] = _evaluate_parts(engine, task, examples, adapters, seed, comm, sampling, (members,))
+    return ev
+
+
+def evaluate_with_extra(
+    engine: Engine,
+    task: Task,
+    examples: Sequence[Example],
+    adapters: LoraPopulation,
+    extra: LoraPopulation,
+    seed: int,
+    comm: Comm = SINGLE,
+    sampling: Sampling | None = None,
+) -> tuple[Evaluation, Evaluation]:
+    """``adapters``' :class:`Evaluation` and ``extra``'s (e.g. the ES mean beside its members)
+    from ONE engine call over ``adapters`` then ``extra`` (member-major rows: ``adapters``' rows
+    first, in :func:`evaluate`'s order and on the same ranks), split apart before anything is
+    scored or summed: each part is scored by its own ``task.score`` call (a task whose scores
+    compare rows, ``row_scores=False``, sees exactly the rows it sees in :func:`evaluate`) and
+    summarized alone. The first is :func:`evaluate`'s of ``adapters`` wherever the engine's
+    completions of those rows do not depend on the other rows in its batch. Both carry the
+    whole call's timings (``generate_s``, ``score_s``, ``comm_s``: what the call cost)."""
+    both = adapters.extended(extra)
+    parts = (len(adapters), len(extra))
+    members, extras = _evaluate_parts(engine, task, examples, both, seed, comm, sampling, parts)
+    return members, extras
+
+
+def _evaluate_parts(
+    engine: Engine,
+    task: Task,
+    examples: Sequence[Example],
+    adapters: LoraPopulation | None,
+    seed: int,
+    comm: Comm,
+    sampling: Sampling | None,
+    parts: Sequence[int],
+) -> list[Evaluation]:
+    """One engine call over every member's rows, one :class:`Evaluation` per part (``parts``:
+    consecutive member counts summing to the population's size)."""
     sampling = sampling or task.sampling
     if comm.world_size > 1:
-        return _evaluate_sharded(engine, task, examples, adapters, seed, comm, sampling)
+        return _evaluate_sharded(engine, task, examples, adapters, seed, comm, sampling, parts)
     start = time.perf_counter()
     completions = engine.generate([render(engine, e) for e in examples], adapters, sampling, seed)
     generated = time.perf_counter()
     flat = [c for member in completions for c in member]
-    scores = task.score(list(examples) * len(completions), flat)
+    rows = [(m, p) for m in range(len(completions)) for p in range(len(examples))]
+    scores = _score_parts(task, examples, rows, flat, parts)
     stats = completion_stats(flat)
-    return _evaluation(task, examples, scores, stats, completions, start, generated)
+    return _split(task, examples, scores, stats, completions, parts, start, generated)
+
+
+def _bounds(parts: Sequence[int]) -> list[tuple[int, int]]:
+    """Each part's members as ``[first, end)``: ``(2, 1)`` -> ``[(0, 2), (2, 3)]``."""
+    ends = list(itertools.accumulate(parts))
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _score_parts(
+    task: Task,
+    examples: Sequence[Example],
+    rows: Sequence[Row],
+    texts: Sequence[str],
+    parts: Sequence[int],
+) -> Scores:
+    """``task.score`` of the completions ``texts`` of ``rows`` (member-major), one call per
+    part that has rows, the parts' scores joined in row order."""
+    out: Scores = {}
+    for first, end in _bounds(parts):
+        mine = [i for i, (m, _) in enumerate(rows) if first <= m < end]
+        if not mine:
+            continue
+        got = task.score([examples[rows[i][1]] for i in mine], [texts[i] for i in mine])
+        if out and set(got) != set(out):
+            name = type(task).__name__
+            raise KeyError(f"{name}.score returned keys {sorted(got)}, then {sorted(out)}")
+        for key, values in got.items():
+            out.setdefault(key, []).extend(values)
+    return out
+
+
+def _split(
+    task: Task,
+    examples: Sequence[Example],
+    scores: Scores,
+    stats: RowStats,
+    completions: list[list[str]],
+    parts: Sequence[int],
+    start: float,
+    generated: float,
+) -> list[Evaluation]:
+    """The :class:`Evaluation` of each part of the population's rows (member-major, as
+    ``scores`` and ``stats``), each summarized from its own rows alone."""
+    n = len(examples)
+    out = []
+    for first, end in _bounds(parts):
+        cut = slice(first * n, end * n)
+        part_scores = {k: v[cut] for k, v in scores.items()}
+        part_stats = {k: v[cut] for k, v in stats.items()}
+        out.append(_evaluation(task, examples, part_scores, part_stats, completions[first:end]))
+    score_s = time.perf_counter() - generated
+    return [replace(ev, generate_s=generated - start, score_s=score_s) for ev in out]
 
 
 def _evaluation(
@@ -73,10 +168,9 @@ def _evaluation(
     scores: Scores,
     stats: RowStats,
     completions: list[list[str]],
-    start: float,
-    generated: float,
 ) -> Evaluation:
-    """The :class:`Evaluation` of every member's rows (member-major, as ``scores``)."""
+    """The :class:`Evaluation` of every member's rows (member-major, as ``scores``); its
+    timings are the caller's to set."""
     if "reward" not in scores:
         raise KeyError(f"{type(task).__name__}.score must return a 'reward' list")
     members, n_prompts = len(completions), len(examples)
@@ -90,8 +184,8 @@ def _evaluation(
         fitness=table["reward"].mean(dim=1),
         metrics={k: v.mean().item() for k, v in table.items()},
         completions=completions,
-        generate_s=generated - start,
-        score_s=time.perf_counter() - generated,
+        generate_s=0.0,
+        score_s=0.0,
         diagnostics=diagnostics,
         scores=public,
     )
@@ -117,8 +211,9 @@ def _evaluate_sharded(
     seed: int,
     comm: Comm,
     sampling: Sampling,
-) -> Evaluation:
-    """:func:`evaluate` over a process group: this rank's rows, then one all-gather."""
+    parts: Sequence[int],
+) -> list[Evaluation]:
+    """:func:`_evaluate_parts` over a process group: this rank's rows, then one all-gather."""
     start = time.perf_counter()
     members, n_prompts = (1 if adapters is None else len(adapters)), len(examples)
     rows = [(m, p) for m in range(members) for p in range(n_prompts)]
@@ -128,17 +223,17 @@ def _evaluate_sharded(
     texts = engine.generate_rows(request) if mine else []
     generated = time.perf_counter()
     if task.row_scores:  # each rank scores its rows; one all-gather of scores and stats
-        local: Scores = task.score([examples[p] for _, p in mine], texts) if mine else {}
+        local = _score_parts(task, examples, mine, texts, parts)
         sent = time.perf_counter()
-        parts = comm.gather((local, completion_stats(texts)))
+        gathered = comm.gather((local, completion_stats(texts)))
         comm_s = time.perf_counter() - sent
-        scores = _merge_scores([p for p, _ in parts], comm, type(task).__name__)
-        stats = {k: comm.unshard([s[k] for _, s in parts]) for k in parts[0][1]}
-    else:  # the whole population scored at once, as one process does
+        scores = _merge_scores([p for p, _ in gathered], comm, type(task).__name__)
+        stats = {k: comm.unshard([s[k] for _, s in gathered]) for k in gathered[0][1]}
+    else:  # the whole population scored at once (a part at a time), as one process does
         sent = time.perf_counter()
         every = comm.unshard(comm.gather(texts))
         comm_s = time.perf_counter() - sent
-        whole = task.score([examples[p] for _, p in rows], every) if comm.is_main else {}
+        whole = _score_parts(task, examples, rows, every, parts) if comm.is_main else {}
         sent = time.perf_counter()
         scores = comm.broadcast(whole)
         comm_s += time.perf_counter() - sent
@@ -146,8 +241,8 @@ def _evaluate_sharded(
     completions = [[""] * n_prompts for _ in range(members)]
     for (m, p), text in zip(mine, texts, strict=True):
         completions[m][p] = text
-    ev = _evaluation(task, examples, scores, stats, completions, start, generated)
-    return replace(ev, comm_s=comm_s)
+    evs = _split(task, examples, scores, stats, completions, parts, start, generated)
+    return [replace(ev, comm_s=comm_s) for ev in evs]
 
 
 def kl_to_base(

@@ -14,16 +14,17 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from evolm import metrics as M
 from evolm.callbacks.base import Callback, RunContext, Sample, latest_eval
 from evolm.callbacks.record import GenerationRecord, Record
-from evolm.diagnostics import pair_agreement
+from evolm.diagnostics import member_gap_se, pair_agreement
 from evolm.dist import SINGLE, Comm
 from evolm.engine.base import Engine
 from evolm.errors import RunAborted
 from evolm.es import ES, ESState, Population, TellStats
-from evolm.evaluate import Evaluation, evaluate, kl_to_base, render
+from evolm.evaluate import Evaluation, evaluate, evaluate_with_extra, kl_to_base, render
 from evolm.interrupt import deferred
 from evolm.lora.layout import LoraLayout, LoraPopulation
 from evolm.lora.norms import delta_norm
@@ -38,6 +39,15 @@ def generation_diagnostics(ev: Evaluation, pop: Population) -> dict[str, float]:
     agreement = pair_agreement(ev.fitness, pop.seeds, pop.signs)
     pairs = {} if agreement is None else {M.PAIR_AGREEMENT: agreement}
     return {**ev.diagnostics, **pairs}
+
+
+def mean_fields(ev: Evaluation, mean_ev: Evaluation | None) -> dict[str, Any]:
+    """The record's fields of the mean's evaluation on the members' training rows
+    (``mean_scores``, ``member_gap_se``); none without one (``train_mean=false``)."""
+    if mean_ev is None:
+        return {}
+    se = member_gap_se(ev.scores["reward"], mean_ev.scores["reward"])
+    return {"mean_scores": mean_ev.metrics, "member_gap_se": se}
 
 
 def eval_metrics(
@@ -142,7 +152,10 @@ class ESLoop:
     the start (unless ``eval_start`` is False), every ``eval_every`` generations (or, with
     ``eval_every_s``, every that many seconds of training time instead) and at the end. With
     ``time_budget_s`` it ends after the first generation that brings the training time
-    (:class:`TrainClock`) to the budget."""
+    (:class:`TrainClock`) to the budget. With ``train_mean`` the unperturbed mean answers each
+    generation's training rows in the members' engine call (one more adapter), scored apart:
+    the record's ``mean_scores``; the members' fitness, the update and every other number are
+    the members' alone."""
 
     strategy: ES  # or a subclass (es.mean=full's FullES: the engine's base weights are the mean)
     task: Task
@@ -158,6 +171,7 @@ class ESLoop:
     time_budget_s: float | None = None  # stop once the training time reaches it
     eval_every_s: float | None = None  # evaluate at training-time marks instead of eval_every
     eval_start: bool = True  # False: no eval of the start (another seed of the same base has it)
+    train_mean: bool = True  # the mean answers the training rows too: train/mean/*, member_gap
 
     def evaluate_mean(self, state: ESState) -> tuple[Record, list[Sample]]:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
@@ -175,6 +189,22 @@ class ESLoop:
         mine = self.comm.shard(range(len(self.task.eval_examples())))  # this process's rows
         samples = eval_samples(self.engine, self.task, ev, mine)
         return {**metrics, M.EVAL_S: time.perf_counter() - start}, samples
+
+    def evaluate_population(
+        self, state: ESState, adapters: LoraPopulation, generation: int
+    ) -> tuple[Evaluation, Evaluation | None]:
+        """The members' evaluation on the generation's training rows and, with ``train_mean``,
+        the mean's on the same rows, generated in the same engine call (the mean's adapter
+        last, so the members' rows, ranks and decoding seed are as without it) and scored
+        apart (:func:`~evolm.evaluate.evaluate_with_extra`)."""
+        examples = self.task.train_examples(generation)
+        seed = self.seed + generation
+        if not self.train_mean:
+            return evaluate(self.engine, self.task, examples, adapters, seed, self.comm), None
+        mean = LoraPopulation.single(self.layout, self.strategy.mean_adapter(state))
+        return evaluate_with_extra(
+            self.engine, self.task, examples, adapters, mean, seed, self.comm
+        )
 
     def weight_change(self, before: ESState, after: ESState, stats: TellStats) -> dict[str, float]:
         """es/update_rel and es/mean_rel (:mod:`evolm.lora.norms`): the update's and the mean's
@@ -195,10 +225,7 @@ class ESLoop:
         pop = self.strategy.ask(state)
         adapters = LoraPopulation(self.layout, tuple(self.strategy.sample(state, pop)))
         sampled = time.perf_counter()
-        examples = self.task.train_examples(generation)
-        ev: Evaluation = evaluate(
-            self.engine, self.task, examples, adapters, self.seed + generation, self.comm
-        )
+        ev, mean_ev = self.evaluate_population(state, adapters, generation)
         told = time.perf_counter()
         timings = dict(self.engine.last_timings)  # prefill/decode; servers: adapter I/O
         with deferred():  # a tell in place (full mode): the mean and the engine move together
@@ -217,6 +244,7 @@ class ESLoop:
             generation=generation,
             es=stats,
             scores=ev.metrics,
+            **mean_fields(ev, mean_ev),
             task_stats=self.task.after_generation(ev.metrics),
             generate_s=ev.generate_s,
             score_s=ev.score_s,

@@ -7,6 +7,17 @@ A task's score ``k`` (any key its ``score`` returns besides ``reward``) appears 
 ``train/k_mean`` and ``eval/k_mean``; the population's mean reward is ``train/fitness_mean`` (a
 member's fitness is its mean reward).
 
+What the noise costs (``train_mean=true``, the default): the unperturbed ES mean answers the
+generation's training rows too, as one more adapter in the members' engine call (same prompts,
+same decoding; it is not a member: fitness, update and every other ``train/`` number are the
+members'). ``train/mean/k`` is the mean's average of score ``k`` on those rows
+(``train/mean/reward``, countdown's ``train/mean/accuracy``...), and ``train/member_gap`` is
+``train/mean/reward`` minus the members' average reward (``train/fitness_mean``, up to
+rounding): positive, the perturbations cost reward (es.sigma too large); near 0 or negative,
+they do not. ``train/member_gap_se`` is its standard error over the generation's prompts
+(paired: per prompt, the mean's reward minus the members' average on it;
+:func:`evolm.diagnostics.member_gap_se`): a gap within two of them is noise.
+
 Diagnostics (:mod:`evolm.diagnostics`) describe the completions themselves, as
 ``train/<name>`` for the generation's population and ``eval/<name>`` for the mean on held-out
 prompts (the README's metrics table lists them all):
@@ -124,6 +135,17 @@ COMM_S = "time/comm_s"  # distributed runs: the generation's all-gather and mean
 def train_score(key: str) -> str:
     """The population's mean of a task score, e.g. ``train/accuracy_mean``."""
     return f"train/{key}_mean"
+
+
+def train_mean_score(key: str) -> str:
+    """The unperturbed mean's average of a task score on the generation's training rows, e.g.
+    ``train/mean/accuracy`` (``train_mean=true``)."""
+    return f"train/mean/{key}"
+
+
+TRAIN_MEAN_REWARD = train_mean_score("reward")
+MEMBER_GAP = "train/member_gap"  # train/mean/reward - the members' average reward
+MEMBER_GAP_SE = "train/member_gap_se"  # its standard error, paired by prompt
 
 
 def eval_score(key: str) -> str:

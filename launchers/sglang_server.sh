@@ -8,8 +8,9 @@
 #                        sweep (default 8)
 #   LORA_TARGET_MODULES  space-separated, must include lora.target_modules
 #                        (default: all seven projections)
-#   MAX_LORAS_PER_BATCH  adapter slots; >= population size + 1 (the base model takes one)
-#                        runs a population in one batch (default 31)
+#   MAX_LORAS_PER_BATCH  adapter slots; >= population size + 2 (the base model takes one, the
+#                        mean's adapter one: train_mean=true) runs a generation in one batch
+#                        (default 32: population 30)
 #   CUDA_DEVICES         CUDA_VISIBLE_DEVICES (default: inherited)
 #   DTYPE                default auto
 #   PYTHON               interpreter with sglang (default python3)
@@ -26,7 +27,7 @@ exec "${PYTHON:-python3}" -m "${MODULE:-sglang.launch_server}" \
   --enable-lora \
   --max-lora-rank "${MAX_LORA_RANK:-8}" \
   --lora-target-modules ${LORA_TARGET_MODULES:-q_proj k_proj v_proj o_proj gate_proj up_proj down_proj} \
-  --max-loras-per-batch "${MAX_LORAS_PER_BATCH:-31}" \
+  --max-loras-per-batch "${MAX_LORAS_PER_BATCH:-32}" \
   --dtype "${DTYPE:-auto}" \
   --attention-backend triton --sampling-backend pytorch \
   "$@"

@@ -169,9 +169,12 @@ def test_cli_misspelt_key_or_option_is_bad_configuration(
 
 
 def test_sglang_adapter_slots_default_to_population_plus_one(tmp_path: Path) -> None:
-    """server=sglang runs a whole population in one /generate: N adapters + the base model."""
+    """server=sglang runs a whole generation in one /generate: N adapters + the base model, and
+    the mean's adapter with train_mean=true (the default)."""
     cfg = compose_config(["server=sglang", "es.population_size=30", f"output_dir={tmp_path}"])
-    assert cfg.server.max_loras_per_batch == 31
+    assert cfg.server.max_loras_per_batch == 32
+    off = ["server=sglang", "es.population_size=30", "train_mean=false", f"output_dir={tmp_path}"]
+    assert compose_config(off).server.max_loras_per_batch == 31
     fixed = ["server=sglang", "server.max_loras_per_batch=9", f"output_dir={tmp_path}"]
     cfg = compose_config(fixed)
     assert cfg.server.max_loras_per_batch == 9

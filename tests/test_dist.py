@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from evolm import dist
 from evolm.dist import SINGLE, DivergenceError, checksum, first_host, launch_env
 from evolm.engine.base import Completion, Engine, TextRequest
-from evolm.evaluate import evaluate
+from evolm.evaluate import evaluate, evaluate_with_extra
 from evolm.lora.layout import LoraLayout, LoraPopulation, LoraTarget
 from evolm.sampling import Sampling
 from evolm.server.connection import free_port
@@ -198,6 +198,42 @@ def test_gloo_ranks_evaluate_like_one_process() -> None:
     whole-population scoring of a task with ``row_scores=False``); a rank with no rows; a
     mean that differs by one rounding step raises DivergenceError on every rank."""
     mp.spawn(_worker, args=(2, free_port()), nprocs=2, join=True)
+
+
+def _split_worker(rank: int, world: int, port: int) -> None:
+    os.environ.update(gloo_env(rank, world, port))
+    comm = dist.setup(timeout_s=60)
+    try:
+        engine, examples = LabelEngine(), LengthTask(True).train_examples(1)
+        # 15 rows over 2 ranks; the extra answers as member 1 (a reward counting duplicates
+        # across rows would change member 1's if the parts were scored together)
+        members, extra = population(4), population(4).subset([1])
+        for row_scores in (True, False):
+            task = LengthTask(row_scores)
+            one = evaluate_with_extra(engine, task, examples, members, extra, 0, SINGLE)
+            shared = evaluate_with_extra(engine, task, examples, members, extra, 0, comm)
+            alone = (
+                evaluate(engine, task, examples, members, seed=0, comm=comm),
+                evaluate(engine, task, examples, extra, seed=0),
+            )
+            for got, want in ((shared, one), (shared, alone)):
+                for part, same in zip(got, want, strict=True):
+                    assert torch.equal(part.fitness, same.fitness), (row_scores, part.fitness)
+                    assert part.metrics == same.metrics, (row_scores, part.metrics)
+                    assert part.diagnostics == same.diagnostics and part.scores == same.scores
+            # the members' rows are on the ranks they have without the extra adapter
+            mine = comm.shard([(m, p) for m in range(4) for p in range(3)])
+            assert all(shared[0].completions[m][p] == one[0].completions[m][p] for m, p in mine)
+            assert shared[1].diagnostics["rows"] == 3 and shared[0].diagnostics["rows"] == 12
+    finally:
+        dist.teardown()
+
+
+def test_gloo_ranks_split_the_extra_adapter_like_one_process() -> None:
+    """``train_mean``'s evaluation in two gloo processes: the members' part and the extra
+    adapter's equal one process's, and each equals its own evaluation alone (row_scores=False
+    too: each part is scored by its own call on rank 0)."""
+    mp.spawn(_split_worker, args=(2, free_port()), nprocs=2, join=True)
 
 
 def _closing_worker(rank: int, port: int, out: str) -> None:

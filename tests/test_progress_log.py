@@ -16,7 +16,8 @@ from tests.helpers import REPO
 def test_run_logged_to_a_file_reports_its_directory_build_and_generations(tmp_path: Path) -> None:
     """``python -m evolm ... > log 2>&1`` (not a terminal) with a model to build: the first evolm
     line names the run directory, the build logs every 10% of its warm-up steps, and each
-    generation logs one line with its fitness, eval reward and seconds."""
+    generation logs one line with its fitness, the mean's training reward (train_mean=true),
+    eval reward and seconds."""
     run, log = tmp_path / "run", tmp_path / "log"
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}  # tqdm decides alone
     env |= {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "EVOLM_CACHE_DIR": str(tmp_path)}
@@ -42,7 +43,7 @@ def test_run_logged_to_a_file_reports_its_directory_build_and_generations(tmp_pa
     assert [int(g) for g, _ in generations] == [0, 1, 2, 3]
     assert re.fullmatch(r"eval reward [-\d.e]+, [\d.]+ s", generations[0][1])
     every = (
-        r"fitness [-\d.e]+ \(std [-\d.e]+\), eval reward [-\d.e]+, [\d.]+ s"
+        r"fitness [-\d.e]+ \(std [-\d.e]+\), mean [-\d.e]+, eval reward [-\d.e]+, [\d.]+ s"
         r" \(engine tail [\d.]+ s\)"  # issue 37: the steps that serve a few long rows
     )
     assert all(re.fullmatch(every, rest) for _, rest in generations[1:]), generations

@@ -19,6 +19,8 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from evolm import metrics as M
+from evolm.app.resume import extending
 from evolm.callbacks import RunContext
 from evolm.callbacks.checkpoint import Checkpointer
 from evolm.checkpoint import checkpoints, latest_checkpoint, save_checkpoint
@@ -41,6 +43,12 @@ ADAPTER = Path("adapter") / "adapter_model.safetensors"
 
 def without_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+def without_mean(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without its times and the mean's training numbers (train_mean)."""
+    mean = ("time/", "train/mean/", M.MEMBER_GAP)
+    return {k: v for k, v in record.items() if not k.startswith(mean)}
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +178,27 @@ def test_a_run_stopped_by_its_time_budget_is_extended_by_a_resume(
     assert without_times(read_results(run_dir)) == without_times(read_results(fast_run))
     assert (run_dir / ADAPTER).read_bytes() == (fast_run / ADAPTER).read_bytes()
     assert "time_budget_s: 1000" in (run_dir / "config.yaml").read_text()
+
+
+def test_a_run_from_before_train_mean_resumes_with_it_on(fast_run: Path, tmp_path: Path) -> None:
+    """A run whose config.yaml has no ``train_mean`` and whose records have no ``train/mean/*``
+    (written as before the key, here with ``train_mean=false``) resumes with it on, and ends
+    as the uninterrupted run (train_mean on) did: the mean's rows change nothing of the ES."""
+    run_dir = tmp_path / "old"
+    args = ["debug=fast", "logger=none", f"hydra.run.dir={run_dir}", "time_budget_s=0.001"]
+    first = run_cli([*args, "train_mean=false"], timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    config = run_dir / "config.yaml"
+    old = [line for line in config.read_text().splitlines() if not line.startswith("train_mean")]
+    config.write_text("\n".join(old) + "\n")
+    resumed = run_cli([f"resume={run_dir}", "time_budget_s=1000"], timeout=120)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    records, expected = read_results(run_dir), read_results(fast_run)
+    assert [M.TRAIN_MEAN_REWARD in r for r in records] == [False, False, True, True]
+    assert without_times(records[2:]) == without_times(expected[2:])
+    assert [without_mean(r) for r in records] == [without_mean(r) for r in expected]
+    assert (run_dir / ADAPTER).read_bytes() == (fast_run / ADAPTER).read_bytes()
+    assert extending(["train_mean=false"]) == ["train_mean"]  # a resume may also turn it off
 
 
 @pytest.mark.parametrize(

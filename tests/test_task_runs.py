@@ -53,7 +53,10 @@ def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
     assert all(f"train/{k}" in r for r in records[1:] for k in shortcut)
     # the first 4 held-out puzzles of the tree generator, seed 0: sums solve 2 of them
     assert records[0]["eval/shortcut/sum"] == 0.5
-    assert not [k for r in records for k in r if "_form" in k or "_template_answer" in k]
+    # private scores ("_form", "_template_answer") are never logged: not as train/_form_mean,
+    # eval/_form_mean, nor as the mean's train/mean/_form (train/mean/format_reward is public)
+    assert not [k for r in records for k in r if "/_" in k or "__" in k]
+    assert all("train/mean/format_reward" in r for r in records[1:])  # train_mean=true
     samples = sorted((tmp_path / "run" / "samples").glob("*.jsonl"))
     assert len(samples) == 3  # nor in the samples file of each eval
     for sample in samples:

@@ -19,11 +19,13 @@ from evolm.preflight import trust
 
 log = logging.getLogger(__name__)
 
-EXTENDABLE = ("time_budget_s", "eval_every", "eval_every_s", "keep_best")
-"""Run-wide keys a resume may change: when the run stops, when it evaluates the mean and which
-evaluation's mean it keeps, never what a generation does (``resume=RUN time_budget_s=3600``
-continues a run that stopped at its time budget). The run's ``config.yaml`` is rewritten with
-them, so a later resume keeps them."""
+EXTENDABLE = ("time_budget_s", "eval_every", "eval_every_s", "keep_best", "train_mean")
+"""Run-wide keys a resume may change: when the run stops, when it evaluates the mean, which
+evaluation's mean it keeps and whether each generation also scores the mean on its training
+rows (``train_mean``: a measurement, not part of the ES step), never what a generation does to
+the mean (``resume=RUN time_budget_s=3600`` continues a run that stopped at its time budget).
+The run's ``config.yaml`` is rewritten with them, so a later resume keeps them. A run whose
+``config.yaml`` predates ``train_mean`` resumes with it on (the default)."""
 
 
 def override_key(override: str) -> str:

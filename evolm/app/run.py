@@ -127,6 +127,7 @@ def prepare(cfg: DictConfig, comm: dist.Comm) -> Job:
     config: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     run_wide = {k: cfg[k] for k in ("generations", "eval_every", "time_budget_s", "eval_every_s")}
     run_wide["eval_start"] = cfg.get("eval_start", True)  # a config.yaml older than the key
+    run_wide["train_mean"] = cfg.get("train_mean", True)  # (as this one)
     data = agreement.data_fingerprints(parts.task, cfg.generations, parts.extra_evals)
     agreed = run_identity(config) | run_identity(config, ("extra_evals",)) | run_wide
     agreement.check_ranks_agree(comm, agreed, data)
@@ -164,6 +165,7 @@ def make_loop(
         generations=cfg.generations,
         eval_every=cfg.eval_every,
         eval_start=cfg.get("eval_start", True),
+        train_mean=cfg.get("train_mean", True),  # a config.yaml older than the key: on
         seed=cfg.seed,
         time_budget_s=cfg.time_budget_s,
         eval_every_s=cfg.eval_every_s,

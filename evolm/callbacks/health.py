@@ -48,6 +48,26 @@ risen by at least the first generation's spread across members (``train/fitness_
 of the population mean that large is several standard errors) while the accuracy has risen by
 less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitness 0.011 ->
 0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations).
+
+A run whose perturbations break the model (``noise_destroys``) is told so from the mean's reward
+on the members' own training rows (``train_mean=true``: ``train/mean/reward``,
+``train/member_gap`` and its standard error ``train/member_gap_se``, :mod:`evolm.metrics`):
+``THE NOISE DESTROYS WHAT THE MEAN DOES`` when in EACH of the run's first :data:`NOISE_WINDOW`
+generations that report them
+
+- the unperturbed mean scores above 0 and above :data:`NOISE_Z` standard errors,
+- the members' average reward is below :data:`NOISE_SHARE` of the mean's, and
+- the gap is larger than :data:`NOISE_Z` of its standard errors (paired by prompt: a gap of a
+  correct answer or two on a handful of prompts is within them, and a single prompt has none),
+
+so a difference the prompts' sampling explains does not fire it (three generations in a row at
+over 3 standard errors each). A reward that is negative for everything (conciseness) is never
+judged: "half of the mean's" needs a mean above 0. Judged once, when the window is complete (a
+resumed run whose history completed it is not judged again); once told, members that all tie
+(at the broken members' reward) are not also reported as ``members_tie``, whose advice is to
+raise es.sigma. The GPU run that motivated it: Qwen2.5-Coder-0.5B on countdown at
+``es.sigma=0.002``, members solving 0.4-2.4% of the training puzzles while the unperturbed mean
+solves 7-20%: ES then selects among broken members.
 """
 
 from __future__ import annotations
@@ -129,6 +149,20 @@ FLAT_ADVICE = (
     "whether the training accuracy rose alone (memorized training puzzles)"
 )
 TRAIN_ACCURACY = M.train_score(M.CORRECT_SCORE)
+NOISE = "noise_destroys"
+NOISE_WINDOW = 3
+"""The run's first generations with the mean's training reward that the noise rule reads."""
+NOISE_SHARE = 0.5
+"""The members' average reward must be below this share of the mean's."""
+NOISE_Z = 3.0
+"""The gap (and the mean's reward) must exceed this many standard errors of the gap."""
+NOISE_ADVICE = (
+    "members score {members} on the training rows ({fitness}), the unperturbed mean {mean} on "
+    "the same rows ({mean_name}), averaged over generations {first}-{last}; in each, the gap "
+    "({gap}) was over {z:g} standard errors ({se}). ES is selecting among broken members: "
+    "lower es.sigma{now} until the members score near the mean (a smaller es.sigma keeps more "
+    "of what the mean does; watch {gap})"
+)
 TEMPLATE_SHARE_ALARM = 0.9
 """A share of template answers among the correct ones this high, with the accuracy risen, is a
 shortcut whatever the other puzzles do."""
@@ -176,6 +210,8 @@ class LearningMonitor(Callback):
         shortcut_rise: how much the held-out accuracy must have risen since the first
             evaluation, without the accuracy beyond shortcuts following, to be reported as a
             shortcut (in (0, 1]).
+        sigma: the run's ``es.sigma`` (``${es.sigma}``), quoted by the noise warning; null:
+            not quoted.
     """
 
     every_rank = True  # its abort must stop every rank of a distributed run alike
@@ -188,6 +224,7 @@ class LearningMonitor(Callback):
         max_nonfinite: float = 0.5,
         gaming_rise: float = 0.25,
         shortcut_rise: float = 0.02,
+        sigma: float | None = None,
     ) -> None:
         if patience < 1:
             raise ConfigError("patience", f"must be >= 1, got {patience}", "e.g. 3")
@@ -204,7 +241,7 @@ class LearningMonitor(Callback):
                 "shortcut_rise", f"must be in (0, 1], got {shortcut_rise}", "e.g. 0.02"
             )
         self.patience, self.abort, self.gaming_rise = patience, abort, gaming_rise
-        self.shortcut_rise = shortcut_rise
+        self.shortcut_rise, self.sigma = shortcut_rise, sigma
         self.population_size, self.max_nonfinite = population_size, max_nonfinite
         self._reset()
 
@@ -215,6 +252,7 @@ class LearningMonitor(Callback):
         self.first: Record | None = None  # the run's first generation (the gaming baseline)
         self.first_eval: Record | None = None  # the run's first eval (the shortcut baseline)
         self.fell = 0  # evaluations in a row with the accuracy fallen and the fitness risen
+        self.noise_window: list[Record] = []  # the first generations with train/mean/reward
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self._reset()
@@ -222,6 +260,8 @@ class LearningMonitor(Callback):
         self.first_eval = next((r for r in ctx.history if ACCURACY in r), None)
         if self.first_eval is None and ctx.history:  # resumed; its start was not evaluated
             self.first_eval = dict(NO_START)
+        scored = [r for r in ctx.history if M.TRAIN_MEAN_REWARD in r]
+        self.noise_window = scored[:NOISE_WINDOW]  # complete: judged by the run before
 
     def on_generation_end(
         self, ctx: RunContext, generation: GenerationRecord, state: ESState
@@ -234,6 +274,7 @@ class LearningMonitor(Callback):
             return  # the start's eval record
         record = generation.as_record()  # flat, as the baseline from ctx.history is
         self._check_nonfinite(record)
+        self._watch_noise(ctx, record)
         if generation.eval and ACCURACY in generation.eval and not self.reported & {FELL, FLAT}:
             verdict = self._paid_elsewhere(generation.eval, record)
             self.fell = self.fell + 1 if verdict else 0
@@ -243,8 +284,8 @@ class LearningMonitor(Callback):
         tie = math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean))
         # a tie after learning is a stall (saturated or converged), not a run that never could
         stalled = tie and self.learned >= self.patience
-        now = {
-            "members_tie": tie and not stalled,
+        now = {  # members broken by the noise tie too: "raise es.sigma" would be the wrong fix
+            "members_tie": tie and not stalled and NOISE not in self.reported,
             "members_stalled": stalled,
             "no_fitness": not math.isfinite(mean),
             "mean_static": math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] == 0.0,
@@ -255,6 +296,30 @@ class LearningMonitor(Callback):
             self.streaks[condition] = self.streaks[condition] + 1 if holds else 0
             if self.streaks[condition] >= self.patience and condition not in self.reported:
                 self._report(ctx, condition, record)
+
+    def _watch_noise(self, ctx: RunContext, record: Record) -> None:
+        """Add ``record`` to the noise rule's window while it is open; judge it once full."""
+        if M.TRAIN_MEAN_REWARD not in record or len(self.noise_window) >= NOISE_WINDOW:
+            return
+        self.noise_window.append(record)
+        window = self.noise_window
+        if len(window) == NOISE_WINDOW and all(map(_noise_costs, window)):
+            mean = sum(r[M.TRAIN_MEAN_REWARD] for r in window) / len(window)
+            gap = sum(r[M.MEMBER_GAP] for r in window) / len(window)
+            message = NOISE_ADVICE.format(
+                members=f"{mean - gap:.4g}",
+                fitness=M.FITNESS_MEAN,
+                mean=f"{mean:.4g}",
+                mean_name=M.TRAIN_MEAN_REWARD,
+                first=window[0][M.GENERATION],
+                last=window[-1][M.GENERATION],
+                gap=M.MEMBER_GAP,
+                z=NOISE_Z,
+                se=M.MEMBER_GAP_SE,
+                now="" if self.sigma is None else f" (now {self.sigma:g})",
+            )
+            headline = "THE NOISE DESTROYS WHAT THE MEAN DOES"
+            self._tell(ctx, NOISE, message, headline, record[M.GENERATION])
 
     def _gaming(self, record: Record) -> dict[str, bool]:
         """Whether the fitness is above the first generation's while a share of degenerate
@@ -417,6 +482,19 @@ class LearningMonitor(Callback):
             "share_start": f"{self.first[name]:.2f}",
             "share": f"{record[name]:.2f}",
         }
+
+
+def _noise_costs(record: Record) -> bool:
+    """Whether in this generation the mean scored above 0 and above :data:`NOISE_Z` standard
+    errors of the gap, the members below :data:`NOISE_SHARE` of it, and the gap above
+    :data:`NOISE_Z` standard errors (NaN anywhere: no)."""
+    mean = record[M.TRAIN_MEAN_REWARD]
+    gap = record.get(M.MEMBER_GAP, math.nan)
+    se = record.get(M.MEMBER_GAP_SE, math.nan)
+    members = mean - gap
+    return bool(
+        mean > 0 and mean > NOISE_Z * se and members < NOISE_SHARE * mean and gap > NOISE_Z * se
+    )
 
 
 def _share(record: Mapping[str, float], name: str) -> str:

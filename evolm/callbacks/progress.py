@@ -15,11 +15,13 @@ log = logging.getLogger(__name__)
 
 
 class ProgressBar(Callback):
-    """A tqdm bar over generations showing fitness and the latest eval reward.
+    """A tqdm bar over generations showing fitness, the mean's reward on the same training
+    rows (``train_mean=true``) and the latest eval reward.
 
     Where the bar is not drawn (its stream, stderr, is not a terminal: output redirected to a
     file or a pipe, or ``disable``), it logs one concise line every ``log_every`` generations
-    instead (and the first and last): generation, fitness mean and std, eval reward, seconds.
+    instead (and the first and last): generation, fitness mean and std, the mean's training
+    reward, eval reward, seconds.
     """
 
     def __init__(self, disable: bool | None = None, log_every: int = 1) -> None:
@@ -46,6 +48,8 @@ class ProgressBar(Callback):
         if M.FITNESS_MEAN in record:
             self.postfix["fitness"] = f"{record[M.FITNESS_MEAN]:.4g}"
             self.postfix["max"] = f"{record[M.FITNESS_MAX]:.4g}"
+        if M.TRAIN_MEAN_REWARD in record:
+            self.postfix["mean"] = f"{record[M.TRAIN_MEAN_REWARD]:.4g}"
         if M.EVAL_REWARD in record:
             self.postfix["eval"] = f"{record[M.EVAL_REWARD]:.4g}"
 
@@ -70,11 +74,15 @@ class ProgressBar(Callback):
 
 
 def progress_line(record: GenerationRecord, generations: int) -> str:
-    """``generation 3/40: fitness 0.1234 (std 0.0456), eval reward 0.2100, 1.3 s (engine tail
-    0.4 s)``: the tail (``time/engine_tail_s``) where the local engine reports it."""
+    """``generation 3/40: fitness 0.1234 (std 0.0456), mean 0.1502, eval reward 0.2100, 1.3 s
+    (engine tail 0.4 s)``: ``mean`` the unperturbed mean's reward on the same training rows
+    (``train/mean/reward``, where ``train_mean=true``), the tail (``time/engine_tail_s``) where
+    the local engine reports it."""
     parts = []
     if record.es is not None:
         parts.append(f"fitness {record.es.fitness_mean:.4g} (std {record.es.fitness_std:.4g})")
+    if record.mean_reward is not None:
+        parts.append(f"mean {record.mean_reward:.4g}")
     if record.eval_reward is not None:
         parts.append(f"eval reward {record.eval_reward:.4g}")
     seconds = record.generation_s + record.eval.get(M.EVAL_S, 0.0)

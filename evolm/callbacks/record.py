@@ -30,6 +30,9 @@ class GenerationRecord:
     generation: int
     es: TellStats | None = None  # None: generation 0 (no ES step yet)
     scores: Mapping[str, float] = field(default_factory=dict)  # mean task scores, all members
+    # the unperturbed mean's scores on the same training rows (train_mean=true; else empty)
+    mean_scores: Mapping[str, float] = field(default_factory=dict)
+    member_gap_se: float | None = None  # the standard error of the mean's reward minus theirs
     task_stats: Mapping[str, float] = field(default_factory=dict)  # Task.after_generation's
     generate_s: float = 0.0
     score_s: float = 0.0
@@ -42,6 +45,23 @@ class GenerationRecord:
     weight_change: Mapping[str, float] = field(default_factory=dict)  # es/update_rel, mean_rel
     eval: Mapping[str, float] = field(default_factory=dict)  # eval/*, time/eval_s (flat names)
     data: Mapping[str, float] = field(default_factory=dict)  # data/* (generation 0; flat names)
+
+    @property
+    def mean_reward(self) -> float | None:
+        """The unperturbed mean's reward on the generation's training rows
+        (``train/mean/reward``), None when it was not scored (``train_mean=false``)."""
+        return self.mean_scores.get("reward")
+
+    def mean_metrics(self) -> dict[str, float]:
+        """``train/mean/<score>`` of every score of the mean, ``train/member_gap`` (the
+        mean's reward minus the members' average reward) and its standard error; empty without
+        ``mean_scores``."""
+        out = {M.train_mean_score(k): v for k, v in self.mean_scores.items()}
+        if "reward" in self.mean_scores and "reward" in self.scores:
+            out[M.MEMBER_GAP] = self.mean_scores["reward"] - self.scores["reward"]
+        if self.member_gap_se is not None:
+            out[M.MEMBER_GAP_SE] = self.member_gap_se
+        return out
 
     @property
     def eval_reward(self) -> float | None:
@@ -64,6 +84,7 @@ class GenerationRecord:
             M.FITNESS_NONFINITE: es.fitness_nonfinite,
             # a member's fitness is its mean reward: train/reward_mean would repeat fitness_mean
             **{M.train_score(k): v for k, v in self.scores.items() if k != "reward"},
+            **self.mean_metrics(),
             **{M.task_stat(k): v for k, v in self.task_stats.items()},
             **{M.train_diagnostic(k): v for k, v in self.diagnostics.items()},
             M.UPDATE_NORM: es.update_norm,

@@ -168,3 +168,16 @@ class LoraPopulation:
     def single(cls, layout: LoraLayout, tensors: Sequence[torch.Tensor]) -> LoraPopulation:
         """A population of one (e.g. the ES mean for evaluation)."""
         return cls(layout, tuple(t.unsqueeze(0) for t in tensors))
+
+    def extended(self, others: LoraPopulation) -> LoraPopulation:
+        """This population's members, then ``others``' (cast to each tensor's dtype and
+        device: member ``i < len(self)`` is unchanged, bit for bit)."""
+        if len(others.tensors) != len(self.tensors):
+            raise ValueError(f"{len(others.tensors)} tensors for {len(self.tensors)}")
+        return LoraPopulation(
+            self.layout,
+            tuple(
+                torch.cat([t, o.to(t.device, t.dtype)])
+                for t, o in zip(self.tensors, others.tensors, strict=True)
+            ),
+        )

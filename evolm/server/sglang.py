@@ -58,7 +58,8 @@ class SGLangEngine(RemoteEngine):
             for a sweep over ranks, launch with the largest.
         lora_target_modules: ``--lora-target-modules`` (``None``: lora.target_modules).
         max_loras_per_batch: ``--max-loras-per-batch``, adapter slots; the base model takes one,
-            so a population of N runs in one request with >= N + 1, else in waves.
+            so N adapters (the members, and the mean with ``train_mean=true``) run in one
+            request with >= N + 1, else in waves.
         dtype: ``--dtype``.
         attention_backend, sampling_backend: ``--attention-backend``/``--sampling-backend``
             (``None``: SGLang's default); the GPU bundle without FA3 needs triton / pytorch.
@@ -143,7 +144,8 @@ class SGLangEngine(RemoteEngine):
                 slots,
                 "too few adapter slots (the base model takes one; server.max_loras_per_batch="
                 f"{self.max_loras_per_batch} asked for)",
-                f">= {need_slots} (population size + 1 runs a population in one batch)",
+                f">= {need_slots} (es.population_size + 1, + 1 more with train_mean=true, runs "
+                "a generation in one batch; fewer: server.max_loras_per_batch=<slots>, in waves)",
             )
 
     def launch_args(self, host: str, port: int) -> list[str]:
