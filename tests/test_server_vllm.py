@@ -93,10 +93,13 @@ class Recorder(Engine):
 
 
 def es_generation(engine: Any, layout: LoraLayout) -> tuple[Any, dict[str, Any], list[Any]]:
-    """One full ES generation (ask, evaluate 4 members, tell); returns state, record, outputs."""
+    """One full ES generation (ask, evaluate 4 members, tell); returns state, record, outputs.
+    The members alone (``train_mean=False``): what the engines are compared on (tests/near_tie.py
+    rebuilds each member's adapter)."""
     strategy = ES(population_size=4, sigma=0.3)
     recorder = Recorder(engine)
-    loop = ESLoop(strategy, Conciseness(max_new_tokens=16), recorder, layout, 1, 1, seed=0)
+    task = Conciseness(max_new_tokens=16)
+    loop = ESLoop(strategy, task, recorder, layout, 1, 1, seed=0, train_mean=False)
     spec = LoraSpec(rank=layout.rank, init="random")
     mean = layout.init_mean(spec, [1.0] * len(layout.shapes()), seed=1)
     state, record = loop.step(strategy.init(mean, seed=0))
