@@ -11,6 +11,6 @@ for l in sys.stdin:
     d=json.loads(l); print('$r', d['generation'], {k:round(d['eval/'+k],3) for k in keys if 'eval/'+k in d})"; done
 for r in "$@"; do tail -n 1 $r/results.jsonl 2>/dev/null | python3 -c "
 import json,sys
-keys=('accuracy_mean','accuracy_lift','pass_at_population','accuracy_beyond_shortcuts','accuracy/no_rule','completion_tokens','truncated_share')
+keys=('accuracy_mean','accuracy_lift','pass_at_population','accuracy_beyond_shortcuts','accuracy/no_rule','completion_tokens','truncated_share','mean/accuracy','mean/reward','member_gap','member_gap_se')
 for l in sys.stdin:
     d=json.loads(l); print('$r train', d['generation'], round(d.get('time/train_s',0)), round(d.get('time/generation_s',0),1), {k:round(d['train/'+k],3) for k in keys if 'train/'+k in d})"; done
