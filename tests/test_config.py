@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from evolm.app import train
 from evolm.app.build import Builder
@@ -60,6 +62,26 @@ def test_overlays_compose_and_override_the_root(tmp_path: Path) -> None:
         ]
     )  # the held-out puzzles are asked with the run's prompt, worked examples included
     assert [shown.extra_evals[k].shots for k in ("tree_free", "uniform_free")] == [2, 2]
+
+
+def test_the_05b_experiment_is_its_committed_run(tmp_path: Path) -> None:
+    """``experiment=qwen05_paper_countdown_shots`` composes the task, ES, LoRA and held-out
+    settings of the committed run it names (session 15's z3); only the machine's paths, the
+    seed, the time budget and the engine's row cap were the run's own overrides."""
+    run = OmegaConf.load(REPO / "docs/results/countdown-paper-split/session-15/z3.config.yaml")
+    cfg = compose_config(["experiment=qwen05_paper_countdown_shots", f"output_dir={tmp_path}"])
+
+    def plain(node: object) -> object:  # tuples and ListConfigs alike, as the YAML holds them
+        return json.loads(json.dumps(OmegaConf.to_container(node, resolve=True)))
+
+    for node in ("es", "lora", "extra_evals"):
+        assert plain(cfg[node]) == plain(run[node]), node
+    assert {**plain(cfg.task), "data_file": None} == {**plain(run.task), "data_file": None}
+    assert (cfg.model.name, cfg.generations, cfg.train_mean) == (
+        run.model.name,
+        run.generations,
+        run.train_mean,
+    )
 
 
 @pytest.mark.parametrize(
