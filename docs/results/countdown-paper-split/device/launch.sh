@@ -30,7 +30,9 @@ if [ "${over%% *}" = resume ]; then  # a resume may change only time_budget_s, e
   args="resume=/root/runs/$name ${over#resume}"
   [ -f /root/runs/$name.log ] && mv /root/runs/$name.log /root/runs/$name.$(date +%s).log
 else
-  args="experiment=qwen05_paper_countdown model=$model model.gguf_file=/root/$m.gguf logger=none hydra.run.dir=/root/runs/$name $over"
+  exp=experiment=qwen05_paper_countdown  # unless the overrides name their own experiment
+  case " $over " in *" experiment="*) exp= ;; esac
+  args="$exp model=$model model.gguf_file=/root/$m.gguf logger=none hydra.run.dir=/root/runs/$name $over"
 fi
 CUDA_VISIBLE_DEVICES=$gpu setsid nohup timeout -s TERM "$T" python3 -m evolm $args \
   > /root/runs/$name.log 2>&1 < /dev/null &
