@@ -5,7 +5,7 @@ with the tokenizer's chat template, greedy decoding cut after the first ``</answ
 
   python check_chat.py MODEL_DIR ADAPTER_DIR OUT.json [N] [MAX_NEW] [BATCH]
 
-N: the first N of the 2,000 test puzzles (default 2000); MAX_NEW new tokens (default 1024);
+N: the first N of the 2,000 test puzzles (default 2000; FIRST=K: the N from test puzzle K on); MAX_NEW new tokens (default 1024);
 BATCH puzzles per ``generate`` call (default 100 on a GPU, 20 on the CPU).
 Runs on a GPU when there is one (bf16), else on the CPU (float32).
 SHOTS_JSON=FILE (a run with ``task.shots``): the worked examples' user and assistant messages,
@@ -48,7 +48,8 @@ def main() -> None:
     n = int(sys.argv[4]) if len(sys.argv) > 4 else 2000
     max_new = int(sys.argv[5]) if len(sys.argv) > 5 else 1024
     gpu = torch.cuda.is_available()
-    records = json.loads(DATA.read_text())[-2000:][:n]
+    first = int(os.environ.get("FIRST", "0"))
+    records = json.loads(DATA.read_text())[-2000:][first : first + n]
     tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.bfloat16 if gpu else torch.float32
@@ -75,7 +76,8 @@ def main() -> None:
         by[family(r)][0] += 1
         by[family(r)][1] += s[2] > 0
     result = {
-        "model": model_dir, "adapter": adapter, "puzzles": len(records), "max_new_tokens": max_new,
+        "model": model_dir, "adapter": adapter, "first": first, "puzzles": len(records),
+        "max_new_tokens": max_new,
         "accuracy": sum(s[2] > 0 for s in scores) / len(records),
         "format": sum(s[1] for s in scores) / len(records),
         "by_family": {f: f"{c}/{t}" for f, (t, c) in sorted(by.items())},
