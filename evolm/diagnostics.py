@@ -3,9 +3,10 @@ hand to see a run that learns the wrong thing (names and meanings: :mod:`evolm.m
 
 Per completion (:func:`completion_stats`): whether it is empty, its length in tokens and whether
 it was cut at the token budget (where the engine says: :class:`~evolm.engine.base.Completion`),
-and a digest of its text. Per evaluation (:func:`summarize`): the empty and truncated shares,
-the mean length, and across members the distinct completions per prompt and pass@N where the
-task scores correctness. Per generation (:func:`pair_agreement`): how many antithetic pairs tied.
+and a digest of its text. Per evaluation (:func:`summarize`): how many prompts were scored (the
+sampling error of a held-out accuracy needs it), the empty and truncated shares, the mean length,
+and across members the distinct completions per prompt and pass@N where the task scores
+correctness. Per generation (:func:`pair_agreement`): how many antithetic pairs tied.
 The per-completion numbers are plain lists, so a distributed evaluation gathers them with the
 scores.
 """
@@ -52,7 +53,7 @@ def summarize(
     """The diagnostics of ``members`` x ``prompts`` completions (member-major rows), keyed by
     the bare names of :mod:`evolm.metrics` (``empty_share``...). A number the engine did not
     give for every row is left out; the across-member ones need two members or more."""
-    out = {M.EMPTY_SHARE: _mean(stats["empty"])}
+    out = {M.PROMPTS: float(prompts), M.EMPTY_SHARE: _mean(stats["empty"])}
     for key, name in (("tokens", M.COMPLETION_TOKENS), ("truncated", M.TRUNCATED_SHARE)):
         if stats[key] and all(math.isfinite(v) for v in stats[key]):
             out[name] = _mean(stats[key])

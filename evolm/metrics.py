@@ -84,6 +84,7 @@ EVAL_KL_MEAN = f"eval/{KL_MEAN}"
 EVAL_KL_STD = f"eval/{KL_STD}"
 
 # diagnostics: bare names, namespaced by train_diagnostic / eval_diagnostic
+PROMPTS = "prompts"  # how many prompts were scored (eval: the held-out set's size)
 EMPTY_SHARE = "empty_share"
 TRUNCATED_SHARE = "truncated_share"
 COMPLETION_TOKENS = "completion_tokens"

@@ -67,6 +67,7 @@ def test_summarize_counts_shares_distinct_answers_and_pass_at_n() -> None:
     accuracy = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     out = summarize(completion_stats(texts), {"accuracy": accuracy}, members=2, prompts=3)
     assert out == {
+        M.PROMPTS: 3.0,
         M.EMPTY_SHARE: 2 / 6,
         M.COMPLETION_TOKENS: 8 / 6,
         M.TRUNCATED_SHARE: 1 / 6,
@@ -79,7 +80,7 @@ def test_what_the_engine_does_not_say_is_left_out() -> None:
     """Plain strings (vLLM's token counts, an engine that says nothing): no length, no
     truncation; one member: nothing across members; no accuracy score: no pass@N."""
     out = summarize(completion_stats(["x", "", "yy"]), {"reward": [0.0] * 3}, 1, 3)
-    assert out == {M.EMPTY_SHARE: 1 / 3}
+    assert out == {M.PROMPTS: 3.0, M.EMPTY_SHARE: 1 / 3}
     mixed = [Completion("x", truncated=True), "y"]
     assert M.TRUNCATED_SHARE not in summarize(completion_stats(mixed), {}, 2, 1)
 

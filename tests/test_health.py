@@ -367,6 +367,36 @@ def test_a_run_without_a_start_eval_is_judged_from_zero(tmp_path: Path) -> None:
         assert (TAG in ctx.tags) == reported, acc
 
 
+def test_an_accuracy_change_within_its_sampling_error_is_not_judged(tmp_path: Path) -> None:
+    """The tiny model's countdown demo: 0 of 32 held-out puzzles -> 1 of 32, a sum, while one
+    fixed rule scores 25%. That is 0.6 standard errors (eval/prompts: 32), not a rise; the same
+    shares on the paper's 2,000 test puzzles are 7.9, a shortcut. Records without eval/prompts
+    (written before it) are judged as before. A fall from 1 of 32 to none, twice, with the
+    fitness risen, is not a fall either but an accuracy that stayed flat; from 2.5% of 2,000 it
+    is a fall."""
+    first = {"eval/accuracy_mean": 0.0, "eval/accuracy_beyond_shortcuts": 0.0,
+             "eval/accuracy_lift": 0.0}  # fmt: skip
+    now = {"eval/accuracy_mean": 1 / 32, "eval/accuracy_beyond_shortcuts": 0.0,
+           "eval/accuracy_lift": 0.0, "eval/template_share": 1.0,
+           "eval/shortcut_accuracy": 0.25}  # fmt: skip
+    for prompts, reported in ((32, False), (2000, True), (None, True)):
+        size = {} if prompts is None else {"eval/prompts": float(prompts)}
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        monitor.on_generation_end(ctx, GenerationRecord(0, eval=first | size), None)  # type: ignore[arg-type]
+        monitor.on_generation_end(ctx, replace(record(1, 0.3), eval=now | size), None)  # type: ignore[arg-type]
+        assert (ctx.tags.get(TAG) == "shortcut") == reported, prompts
+    for prompts, start, told in ((32, 1 / 32, "accuracy_flat"), (2000, 0.025, "accuracy_fell")):
+        size = {"eval/prompts": float(prompts)}
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        start_eval = GenerationRecord(0, eval={"eval/accuracy_mean": start} | size)
+        monitor.on_generation_end(ctx, start_eval, None)  # type: ignore[arg-type]
+        monitor.on_generation_end(ctx, record(1, 0.01, mean=0.06), None)  # type: ignore[arg-type]
+        for g in (2, 3):
+            none = {"eval/accuracy_mean": 0.0} | size
+            monitor.on_generation_end(ctx, replace(record(g, 0.01, mean=0.1), eval=none), None)  # type: ignore[arg-type]
+        assert ctx.tags[TAG] == told, prompts
+
+
 def test_the_shortcut_baseline_is_a_resumed_runs_first_eval(tmp_path: Path) -> None:
     monitor, ctx = LearningMonitor(), context(tmp_path)
     ctx.history = [{"generation": 0, **countdown_eval(NOTHING)}]

@@ -104,7 +104,7 @@ def test_chat_variant() -> None:
     assert SYSTEM_PROMPT + user["content"] + ASSISTANT_PREFIX == plain.prompt
 
 
-@pytest.mark.parametrize("shots", [1, 2])
+@pytest.mark.parametrize("shots", [1, 2, 3])
 def test_shots_come_first_as_turns_that_solve_their_own_examples(shots: int) -> None:
     """``shots=N``: N worked examples between the system message and the puzzle, each a user
     turn in the paper's prompt and an assistant turn (prefix, then a reply that scores full
@@ -128,14 +128,18 @@ def test_shots_come_first_as_turns_that_solve_their_own_examples(shots: int) -> 
 def test_shots_check_every_try_right() -> None:
     """Each worked example's tries compute right, and a try says ``yes`` exactly when it reaches
     the target: the examples teach a check, not a fixed number of tries."""
-    step = re.compile(r"Try (\d+) ([-+*/]) (\d+) = (\d+), then (\d+) ([-+*/]) (\d+) = (\d+): (\w+)")
+    step = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
     ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-    for _numbers, target, reply in SHOTS:
-        tries = step.findall(reply)
-        assert len(tries) >= 2 and tries[-1][-1] == "yes"
-        for a, op1, b, ab, c, op2, d, result, verdict in tries:
-            assert ops[op1](int(a), int(b)) == int(ab) and ops[op2](int(c), int(d)) == int(result)
-            assert (verdict == "yes") == (int(result) == target)
+    for numbers, target, reply in SHOTS:
+        tries = re.findall(r"Try ([^:]*): (yes|not \d+)", reply)
+        assert len(tries) >= 2 and tries[-1][1] == "yes"
+        for chain, verdict in tries:
+            steps = [step.fullmatch(s).groups() for s in chain.split(", then ")]  # type: ignore[union-attr]
+            assert len(steps) == len(numbers) - 1  # every number, one step each after the first
+            for (a, op, b, result), previous in zip(steps, [None, *steps], strict=False):
+                assert ops[op](int(a), int(b)) == int(result)
+                assert previous is None or previous[3] == a  # a chain: each step goes on
+            assert (verdict == "yes") == (int(steps[-1][3]) == target)
 
 
 def test_score_keys_and_values() -> None:

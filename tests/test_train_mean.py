@@ -254,7 +254,7 @@ BROKEN = functools.partial(noisy, mean=0.15, members=0.01, se=0.02)  # gap 7 sta
     [
         noisy(3, mean=0.15, members=0.01, se=0.05),  # a gap within 3 standard errors
         noisy(3, mean=0.15, members=0.09, se=0.01),  # members above half the mean's
-        noisy(3, mean=0.0, members=-0.5, se=0.01),  # a mean that scores nothing
+        noisy(3, mean=-4.0, members=-5.0, se=0.01),  # below 0: a gap under half its size
         noisy(3, mean=0.15, members=0.01, se=float("nan")),  # one prompt: no error known
     ],
 )
@@ -264,6 +264,24 @@ def test_the_noise_rule_needs_all_of_its_window(
     with caplog.at_level(logging.WARNING):
         ctx = monitor_on(tmp_path, [BROKEN(1), BROKEN(2), last, BROKEN(4), BROKEN(5)])
     assert noise_warnings(caplog) == [] and TAG not in ctx.tags
+
+
+def test_the_noise_rule_judges_a_reward_whose_best_is_0(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Conciseness (minus the length error): members at -58 where the mean scores -4 have lost
+    more than half of what the mean does; the same gap within 3 standard errors (the demo's two
+    prompts a generation) has not shown it."""
+    broken = functools.partial(noisy, mean=-4.0, members=-58.0, se=5.0)
+    with caplog.at_level(logging.WARNING):
+        monitor_on(tmp_path, [broken(g) for g in range(1, 4)])
+    [warning] = noise_warnings(caplog)
+    assert "members score -58 on the training rows" in warning and "mean -4 on" in warning
+    caplog.clear()
+    within = functools.partial(noisy, mean=-4.0, members=-58.0, se=54.0)
+    with caplog.at_level(logging.WARNING):
+        monitor_on(tmp_path, [within(g) for g in range(1, 4)])
+    assert noise_warnings(caplog) == []
 
 
 def test_the_noise_rule_warns_once_and_a_resume_does_not_judge_again(

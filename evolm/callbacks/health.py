@@ -36,14 +36,20 @@ proxies decide: the accuracy on the puzzles no answer template solves
 (``eval/template_share``), or the accuracy is still below what the best fixed rule alone
 scores (``eval/shortcut_accuracy``, over the puzzle's order and the numbers ranked by size).
 The names are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is
-watched.
+watched. A change of the held-out accuracy counts only beyond its sampling error: it must exceed
+:data:`RISE_Z` standard errors of a difference of two binomial proportions, each evaluation a
+sample of ``eval/prompts`` puzzles (Agresti and Caffo's estimate, one success and one failure
+added to each, so 0 of 32 -> 1 of 32 is 0.6 standard errors, not a rise: the tiny model's
+countdown demo went so and was once told it learned a shortcut). Records without
+``eval/prompts`` (written before it) are judged without it.
 
 A run paid for something other than its task is told so when, at :data:`FELL_EVALS`
 evaluations in a row, the population's fitness has risen while the mean's held-out accuracy has
 not: ``THIS RUN IS GAMING ITS REWARD``, quoting both. ``accuracy_fell``: the fitness is above the
-first generation's while the accuracy has fallen by ``shortcut_rise`` and by half or more below
-the first evaluation's (issue 36: with ``task.blind_baseline=true`` the 1.5B stopped reasoning to
-collect the format reward, 2.5% -> 0.0% in 20 generations). ``accuracy_flat``: the fitness has
+first generation's while the accuracy has fallen by ``shortcut_rise``, by half or more below
+the first evaluation's and beyond its sampling error (above) (issue 36: with
+``task.blind_baseline=true`` the 1.5B stopped reasoning to collect the format reward, 2.5% ->
+0.0% in 20 generations). ``accuracy_flat``: the fitness has
 risen by at least the first generation's spread across members (``train/fitness_std``; a rise
 of the population mean that large is several standard errors) while the accuracy has risen by
 less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitness 0.011 ->
@@ -55,14 +61,16 @@ on the members' own training rows (``train_mean=true``: ``train/mean/reward``,
 ``THE NOISE DESTROYS WHAT THE MEAN DOES`` when in EACH of the run's first :data:`NOISE_WINDOW`
 generations that report them
 
-- the unperturbed mean scores above 0 and above :data:`NOISE_Z` standard errors,
-- the members' average reward is below :data:`NOISE_SHARE` of the mean's, and
+- the gap (the mean's reward minus the members' average) is more than :data:`NOISE_SHARE` of
+  the mean's reward's size (for a reward of 0 or more: the members score below half of the
+  mean's), and
 - the gap is larger than :data:`NOISE_Z` of its standard errors (paired by prompt: a gap of a
   correct answer or two on a handful of prompts is within them, and a single prompt has none),
 
 so a difference the prompts' sampling explains does not fire it (three generations in a row at
-over 3 standard errors each). A reward that is negative for everything (conciseness) is never
-judged: "half of the mean's" needs a mean above 0. Judged once, when the window is complete (a
+over 3 standard errors each). The size is the distance from 0, so a reward whose best is 0 is
+judged too: conciseness (minus the length error) with members at -58 where the mean scores -4
+has lost more than half of what the mean does. Judged once, when the window is complete (a
 resumed run whose history completed it is not judged again); once told, members that all tie
 (at the broken members' reward) are not also reported as ``members_tie``, whose advice is to
 raise es.sigma. The GPU run that motivated it: Qwen2.5-Coder-0.5B on countdown at
@@ -153,9 +161,9 @@ NOISE = "noise_destroys"
 NOISE_WINDOW = 3
 """The run's first generations with the mean's training reward that the noise rule reads."""
 NOISE_SHARE = 0.5
-"""The members' average reward must be below this share of the mean's."""
+"""The gap must exceed this share of the mean's reward's size (its absolute value)."""
 NOISE_Z = 3.0
-"""The gap (and the mean's reward) must exceed this many standard errors of the gap."""
+"""The gap must exceed this many standard errors of the gap."""
 NOISE_ADVICE = (
     "members score {members} on the training rows ({fitness}), the unperturbed mean {mean} on "
     "the same rows ({mean_name}), averaged over generations {first}-{last}; in each, the gap "
@@ -168,6 +176,8 @@ TEMPLATE_SHARE_ALARM = 0.9
 shortcut whatever the other puzzles do."""
 BEYOND_SHARE = 0.25
 """Accuracy beyond shortcuts must rise by at least this share of the accuracy's rise."""
+RISE_Z = 2.0
+"""A held-out accuracy's change must exceed this many of its standard errors (module doc)."""
 LIFT_SHARE = 0.5
 """Where the eval reports the accuracy lift, it must account for at least this share of the
 accuracy's rise; it then decides alone (the template figures are its proxies)."""
@@ -177,6 +187,7 @@ TEMPLATES = M.eval_diagnostic(M.TEMPLATE_SHARE)
 BEST_TEMPLATE = M.eval_diagnostic(M.SHORTCUT_ACCURACY)
 LIFT = M.eval_diagnostic(M.ACCURACY_LIFT)
 BLIND = M.eval_diagnostic(M.BLIND_ACCURACY)
+PROMPTS = M.eval_diagnostic(M.PROMPTS)
 # the shortcut baseline of a run with no eval of its start (eval_start=false): a base taken to
 # score nothing, so the whole accuracy is the rise and the whole lift the lift's (the 0.5B's
 # seed-1 run of issue 36 ended at 9.6%, lift -2.5 points, and was flagged only so)
@@ -345,8 +356,8 @@ class LearningMonitor(Callback):
             self.first_eval = dict(evaluation)
             return False
         rise = evaluation[ACCURACY] - first[ACCURACY]
-        if not rise >= self.shortcut_rise:  # NaN: no
-            return False
+        if not rise >= self.shortcut_rise or rise < RISE_Z * _change_se(first, evaluation):
+            return False  # NaN rise: no; NaN standard error (sizes not logged): not tested
         lift = evaluation.get(LIFT, math.nan) - first.get(LIFT, math.nan)
         if not math.isnan(lift):  # measured: what choosing per puzzle added, the direct test
             return lift < LIFT_SHARE * rise
@@ -359,8 +370,9 @@ class LearningMonitor(Callback):
         )
 
     def _paid_elsewhere(self, evaluation: Mapping[str, float], record: Record) -> str | None:
-        """:data:`FELL` when the held-out accuracy has fallen by ``shortcut_rise`` and by half or
-        more below the first evaluation's while the fitness is above the first generation's;
+        """:data:`FELL` when the held-out accuracy has fallen by ``shortcut_rise``, by half or
+        more and by :data:`RISE_Z` standard errors below the first evaluation's while the
+        fitness is above the first generation's;
         :data:`FLAT` when it has risen by less than ``shortcut_rise`` while the fitness has
         risen by the first generation's spread or more; else None."""
         if self.first_eval is None or self.first is None or ACCURACY not in self.first_eval:
@@ -369,7 +381,8 @@ class LearningMonitor(Callback):
         rise = record[M.FITNESS_MEAN] - self.first[M.FITNESS_MEAN]
         if not rise > 0:  # NaN: no
             return None
-        if start - now >= max(self.shortcut_rise, start / 2):
+        fall, se = start - now, _change_se(self.first_eval, evaluation)
+        if fall >= max(self.shortcut_rise, start / 2) and not fall < RISE_Z * se:  # NaN se: off
             return FELL
         spread = self.first.get(M.FITNESS_STD, math.nan)
         return FLAT if now - start < self.shortcut_rise and rise >= spread else None
@@ -485,16 +498,30 @@ class LearningMonitor(Callback):
 
 
 def _noise_costs(record: Record) -> bool:
-    """Whether in this generation the mean scored above 0 and above :data:`NOISE_Z` standard
-    errors of the gap, the members below :data:`NOISE_SHARE` of it, and the gap above
-    :data:`NOISE_Z` standard errors (NaN anywhere: no)."""
+    """Whether in this generation the gap (the mean's reward minus the members') was above
+    :data:`NOISE_SHARE` of the mean's reward's size and above :data:`NOISE_Z` of its standard
+    errors (NaN anywhere: no)."""
     mean = record[M.TRAIN_MEAN_REWARD]
     gap = record.get(M.MEMBER_GAP, math.nan)
     se = record.get(M.MEMBER_GAP_SE, math.nan)
-    members = mean - gap
-    return bool(
-        mean > 0 and mean > NOISE_Z * se and members < NOISE_SHARE * mean and gap > NOISE_Z * se
-    )
+    return bool(gap > NOISE_SHARE * abs(mean) and gap > NOISE_Z * se)
+
+
+def _change_se(first: Mapping[str, float], now: Mapping[str, float]) -> float:
+    """The standard error of ``now``'s held-out accuracy minus ``first``'s, two binomial
+    proportions of ``eval/prompts`` puzzles each, one success and one failure added to each
+    (Agresti and Caffo 2000, which keeps 0 of n from having none). A start without a size (a
+    start taken as 0, :data:`NO_START`) adds nothing; NaN when ``now`` has no size."""
+    variance = 0.0
+    for record in (first, now):
+        n = record.get(PROMPTS)
+        if n is None:
+            if record is now:
+                return math.nan
+            continue
+        p = (record[ACCURACY] * n + 1) / (n + 2)
+        variance += p * (1 - p) / (n + 2)
+    return math.sqrt(variance)
 
 
 def _share(record: Mapping[str, float], name: str) -> str:

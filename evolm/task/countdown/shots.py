@@ -1,16 +1,18 @@
 """Worked examples shown before the puzzle (``task.shots``), as earlier chat turns.
 
-Each is a puzzle of three numbers, not in the paper's file, and the assistant's reply after the
-prompt's ``<think>``: tries that fail their check, then one that passes, then the answer. It
-shows the procedure (compute, compare with the target, go on) on puzzles unlike a template:
-the first tries are rejected. Every step's arithmetic is right and a try says ``yes`` exactly
-when it reaches the target (tested).
+Each is a puzzle not in the paper's file (two of three numbers, then one of four) and the
+assistant's reply after the prompt's ``<think>``: tries that fail their check, then one that
+passes, then the answer. It shows the procedure (compute, compare with the target, go on) on
+puzzles unlike a template: the first tries are rejected. Every step's arithmetic is right and
+a try says ``yes`` exactly when it reaches the target (tested).
 
 Issue 36's probes (the base Qwen2.5-Coder-0.5B-Instruct, greedy, the first 24 of the paper's
 3-number training puzzles): zero-shot it solves none. With two examples of one failed try each
 (session 11) it followed the procedure but accepted its second try whatever it gave (0 of 24);
 with these (two failed tries each, ``+``/``-`` first) it rejects misses and solves 5 of 24 by
-that search (session 12).
+that search (session 12). Trained with two, on 3-number puzzles only, it never solved a 4-number
+one: it runs 3-number tries, or loops one try to the token budget (session 15's z3). The third
+example, of four numbers (``task.shots=3``), shows the same search one step longer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ SHOTS: tuple[tuple[tuple[int, ...], int, str], ...] = (
         " Try 6 + 4 = 10, then 10 + 2 = 12: not 14. Try 6 * 2 = 12, then 12 + 4 = 16: not 14."
         " Try 4 * 2 = 8, then 8 + 6 = 14: yes, and each number is used once. </think>\n"
         "<answer> (4 * 2) + 6 </answer>",
+    ),
+    (
+        (6, 20, 4, 13),
+        57,
+        " Try 20 + 13 = 33, then 33 + 6 = 39, then 39 + 4 = 43: not 57. Try 20 - 13 = 7, then"
+        " 7 * 6 = 42, then 42 + 4 = 46: not 57. Try 6 * 4 = 24, then 24 + 20 = 44, then"
+        " 44 + 13 = 57: yes, and each number is used once. </think>\n"
+        "<answer> ((6 * 4) + 20) + 13 </answer>",
     ),
 )
 """``(numbers, target, reply)``: the reply continues the assistant prefix."""

@@ -194,7 +194,7 @@ class Countdown(Task):
         chat_template: ``False``: the paper's verbatim prompt; ``True``: a system message (the
             prompt's first sentence), a user message (the rest) and the assistant prefix
             ``"Let me solve this step by step.\\n<think>"``.
-        shots: worked examples (:data:`~evolm.task.countdown.shots.SHOTS`, at most 2) shown
+        shots: worked examples (:data:`~evolm.task.countdown.shots.SHOTS`, at most 3) shown
             before each puzzle as earlier user/assistant turns, with ``chat_template``: the
             paper's prompt otherwise unchanged, its puzzles unchanged; 0 (the paper): none.
         max_new_tokens, temperature, top_p: decoding (the paper: 1024 tokens, greedy).
