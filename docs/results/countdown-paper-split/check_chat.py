@@ -5,8 +5,9 @@ with the tokenizer's chat template, greedy decoding cut after the first ``</answ
 
   python check_chat.py MODEL_DIR ADAPTER_DIR OUT.json [N] [MAX_NEW] [BATCH]
 
-N: the first N of the 2,000 test puzzles (default 2000; FIRST=K: the N from test puzzle K on); MAX_NEW new tokens (default 1024);
-BATCH puzzles per ``generate`` call (default 100 on a GPU, 20 on the CPU).
+N: the first N of the 2,000 test puzzles (default 2000; FIRST=K: the N from test puzzle K on);
+MAX_NEW new tokens (default 1024); BATCH puzzles per ``generate`` call (default 100 on a GPU, 20
+on the CPU). The answers name each puzzle by its ``id`` in countdown.json (``puzzles.py``).
 Runs on a GPU when there is one (bf16), else on the CPU (float32).
 SHOTS_JSON=FILE (a run with ``task.shots``): the worked examples' user and assistant messages,
 put between the system message and the puzzle's, as the run showed them. evolm writes them:
@@ -82,8 +83,9 @@ def main() -> None:
         "format": sum(s[1] for s in scores) / len(records),
         "by_family": {f: f"{c}/{t}" for f, (t, c) in sorted(by.items())},
         "seconds": round(time.time() - start),
-        "answers": [{"numbers": r["numbers"], "target": r["target"], "completion": t,
-                     "correct": s[2] > 0} for r, t, s in zip(records, texts, scores, strict=True)],
+        # the paper's puzzles by id (countdown.json is non-commercial: not copied, puzzles.py)
+        "answers": [{"puzzle": r["id"], "completion": t, "correct": s[2] > 0}
+                    for r, t, s in zip(records, texts, scores, strict=True)],
     }  # fmt: skip
     Path(out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "answers"}))

@@ -2,7 +2,8 @@
 
     python docs/results/countdown-paper-split/sign_choice.py ANSWERS.jsonl[.xz] [...]
 
-ANSWERS: an eval's answers (a run's ``samples/gen-NNN.jsonl``: prompt, completion, scores). For
+ANSWERS: an eval's answers (a run's ``samples/gen-NNN.jsonl``: prompt, completion, scores; or
+committed, with ``puzzle``: an id in ../shared/data/countdown/countdown.json). For
 each answer written with ``+`` and ``-`` alone over every number of its puzzle once, its **sign
 rule** is the sign each number gets, the numbers ranked largest first (``++-``: largest +
 middle - smallest, however it is parenthesised or ordered). A rule is computable from the
@@ -16,12 +17,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
-import lzma
-import re
 import sys
 from fractions import Fraction
 from pathlib import Path
+
+from puzzles import rows
 
 from evolm.task.countdown.reward import (
     TOLERANCE,
@@ -31,22 +31,11 @@ from evolm.task.countdown.reward import (
     parse_target,
 )
 
-PUZZLE = re.compile(
-    r"Using the numbers \[([\d ]+)\], create an equation that equals (-?\d+(?:\.\d+)?)"
-)
-
 
 def read(path: Path) -> list[tuple[list[int], float, dict]]:
-    """Each saved answer with its puzzle: ``(numbers, target, row)``."""
-    opener = lzma.open if path.suffix == ".xz" else open
-    with opener(path, "rt") as f:
-        rows = [json.loads(line) for line in f]
-    out = []
-    for row in rows:
-        found = PUZZLE.search(row["prompt"])
-        assert found is not None, row["prompt"]
-        out.append(([int(x) for x in found.group(1).split()], parse_target(found.group(2)), row))
-    return out
+    """Each saved answer with its puzzle: ``(numbers, target, row)`` (committed answers name
+    the paper's puzzles by id: :mod:`puzzles`)."""
+    return [(numbers, parse_target(target), row) for numbers, target, row in rows(path)]
 
 
 def sign_rule(completion: str, numbers: list[int]) -> str | None:
