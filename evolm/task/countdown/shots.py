@@ -12,7 +12,12 @@ Issue 36's probes (the base Qwen2.5-Coder-0.5B-Instruct, greedy, the first 24 of
 with these (two failed tries each, ``+``/``-`` first) it rejects misses and solves 5 of 24 by
 that search (session 12). Trained with two, on 3-number puzzles only, it never solved a 4-number
 one: it runs 3-number tries, or loops one try to the token budget (session 15's z3). The third
-example, of four numbers (``task.shots=3``), shows the same search one step longer.
+example, of four numbers (``task.shots=3``), shows the same search one step longer, with ``+``
+and ``-`` alone: on the CPU (session 16, z3's adapter, 52 of the paper's 4-number training
+puzzles) 67 of its 350 tries were right chains over the puzzle's four numbers and 2 reached the
+target, against 20 of 374 and none with two examples, and 51 and 1 with a 4-number example that
+multiplies (the model copied its ``* 6`` step with numbers not in the puzzle). None of the
+three answered a puzzle right.
 """
 
 from __future__ import annotations
@@ -33,12 +38,12 @@ SHOTS: tuple[tuple[tuple[int, ...], int, str], ...] = (
         "<answer> (4 * 2) + 6 </answer>",
     ),
     (
-        (6, 20, 4, 13),
-        57,
-        " Try 20 + 13 = 33, then 33 + 6 = 39, then 39 + 4 = 43: not 57. Try 20 - 13 = 7, then"
-        " 7 * 6 = 42, then 42 + 4 = 46: not 57. Try 6 * 4 = 24, then 24 + 20 = 44, then"
-        " 44 + 13 = 57: yes, and each number is used once. </think>\n"
-        "<answer> ((6 * 4) + 20) + 13 </answer>",
+        (9, 40, 5, 14),
+        58,
+        " Try 40 + 9 = 49, then 49 + 14 = 63, then 63 + 5 = 68: not 58. Try 40 - 9 = 31, then"
+        " 31 + 14 = 45, then 45 + 5 = 50: not 58. Try 40 + 14 = 54, then 54 + 9 = 63, then"
+        " 63 - 5 = 58: yes, and each number is used once. </think>\n"
+        "<answer> ((40 + 14) + 9) - 5 </answer>",
     ),
 )
 """``(numbers, target, reply)``: the reply continues the assistant prefix."""
