@@ -385,6 +385,12 @@ def test_an_accuracy_change_within_its_sampling_error_is_not_judged(tmp_path: Pa
         monitor.on_generation_end(ctx, GenerationRecord(0, eval=first | size), None)  # type: ignore[arg-type]
         monitor.on_generation_end(ctx, replace(record(1, 0.3), eval=now | size), None)  # type: ignore[arg-type]
         assert (ctx.tags.get(TAG) == "shortcut") == reported, prompts
+    # a first eval logged before eval/prompts is taken to be of the current one's size
+    monitor, ctx = LearningMonitor(), context(tmp_path)
+    monitor.on_generation_end(ctx, GenerationRecord(0, eval=first), None)  # type: ignore[arg-type]
+    sized = now | {"eval/prompts": 32.0}
+    monitor.on_generation_end(ctx, replace(record(1, 0.3), eval=sized), None)  # type: ignore[arg-type]
+    assert TAG not in ctx.tags
     for prompts, start, told in ((32, 1 / 32, "accuracy_flat"), (2000, 0.025, "accuracy_fell")):
         size = {"eval/prompts": float(prompts)}
         monitor, ctx = LearningMonitor(), context(tmp_path)

@@ -255,6 +255,7 @@ BROKEN = functools.partial(noisy, mean=0.15, members=0.01, se=0.02)  # gap 7 sta
         noisy(3, mean=0.15, members=0.01, se=0.05),  # a gap within 3 standard errors
         noisy(3, mean=0.15, members=0.09, se=0.01),  # members above half the mean's
         noisy(3, mean=-4.0, members=-5.0, se=0.01),  # below 0: a gap under half its size
+        noisy(3, mean=0.01, members=-0.5, se=0.01),  # a mean about 0: no size to halve
         noisy(3, mean=0.15, members=0.01, se=float("nan")),  # one prompt: no error known
     ],
 )
@@ -272,7 +273,7 @@ def test_the_noise_rule_judges_a_reward_whose_best_is_0(
     """Conciseness (minus the length error): members at -58 where the mean scores -4 have lost
     more than half of what the mean does; the same gap within 3 standard errors (the demo's two
     prompts a generation) has not shown it."""
-    broken = functools.partial(noisy, mean=-4.0, members=-58.0, se=5.0)
+    broken = functools.partial(noisy, mean=-4.0, members=-58.0, se=1.0)
     with caplog.at_level(logging.WARNING):
         monitor_on(tmp_path, [broken(g) for g in range(1, 4)])
     [warning] = noise_warnings(caplog)

@@ -40,8 +40,9 @@ watched. A change of the held-out accuracy counts only beyond its sampling error
 :data:`RISE_Z` standard errors of a difference of two binomial proportions, each evaluation a
 sample of ``eval/prompts`` puzzles (Agresti and Caffo's estimate, one success and one failure
 added to each, so 0 of 32 -> 1 of 32 is 0.6 standard errors, not a rise: the tiny model's
-countdown demo went so and was once told it learned a shortcut). Records without
-``eval/prompts`` (written before it) are judged without it.
+countdown demo went so and was once told it learned a shortcut). A first evaluation logged
+before ``eval/prompts`` existed is taken to be of the current one's size; a current one
+without it is judged without the test.
 
 A run paid for something other than its task is told so when, at :data:`FELL_EVALS`
 evaluations in a row, the population's fitness has risen while the mean's held-out accuracy has
@@ -61,6 +62,7 @@ on the members' own training rows (``train_mean=true``: ``train/mean/reward``,
 ``THE NOISE DESTROYS WHAT THE MEAN DOES`` when in EACH of the run's first :data:`NOISE_WINDOW`
 generations that report them
 
+- the mean's reward is away from 0 by more than :data:`NOISE_Z` standard errors of the gap,
 - the gap (the mean's reward minus the members' average) is more than :data:`NOISE_SHARE` of
   the mean's reward's size (for a reward of 0 or more: the members score below half of the
   mean's), and
@@ -68,9 +70,10 @@ generations that report them
   correct answer or two on a handful of prompts is within them, and a single prompt has none),
 
 so a difference the prompts' sampling explains does not fire it (three generations in a row at
-over 3 standard errors each). The size is the distance from 0, so a reward whose best is 0 is
-judged too: conciseness (minus the length error) with members at -58 where the mean scores -4
-has lost more than half of what the mean does. Judged once, when the window is complete (a
+over 3 standard errors each). The size is the distance from 0 (a mean about 0, as with the
+blind baseline, is not judged), so a reward whose best is 0 is judged too: conciseness (minus
+the length error) with members at -58 where the mean scores -4 has lost more than half of what
+the mean does. Judged once, when the window is complete (a
 resumed run whose history completed it is not judged again); once told, members that all tie
 (at the broken members' reward) are not also reported as ``members_tie``, whose advice is to
 raise es.sigma. The GPU run that motivated it: Qwen2.5-Coder-0.5B on countdown at
@@ -191,7 +194,7 @@ PROMPTS = M.eval_diagnostic(M.PROMPTS)
 # the shortcut baseline of a run with no eval of its start (eval_start=false): a base taken to
 # score nothing, so the whole accuracy is the rise and the whole lift the lift's (the 0.5B's
 # seed-1 run of issue 36 ended at 9.6%, lift -2.5 points, and was flagged only so)
-NO_START = {ACCURACY: 0.0, BEYOND: 0.0, LIFT: 0.0}
+NO_START = {ACCURACY: 0.0, BEYOND: 0.0, LIFT: 0.0, PROMPTS: 0.0}  # no puzzles: no sampling error
 SHORTCUT_ADVICE = (
     "held-out accuracy ({acc}) rose from {acc_start} to {acc_now} while the accuracy on the "
     "puzzles no answer template solves ({beyond}) went from {beyond_start} to {beyond_now}; "
@@ -345,8 +348,9 @@ class LearningMonitor(Callback):
         return out
 
     def _shortcut(self, evaluation: Mapping[str, float]) -> bool:
-        """Whether the held-out accuracy has risen by ``shortcut_rise`` since the first eval
-        (the baseline) while the accuracy lift has not followed; where no lift is reported,
+        """Whether the held-out accuracy has risen by ``shortcut_rise`` and by :data:`RISE_Z`
+        standard errors since the first eval (the baseline) while the accuracy lift has not
+        followed; where no lift is reported,
         while the accuracy beyond shortcuts has not followed, or nearly every correct answer is
         a template answer, or one fixed rule would still score more."""
         if ACCURACY not in evaluation:
@@ -498,26 +502,30 @@ class LearningMonitor(Callback):
 
 
 def _noise_costs(record: Record) -> bool:
-    """Whether in this generation the gap (the mean's reward minus the members') was above
+    """Whether in this generation the mean's reward was away from 0 by :data:`NOISE_Z`
+    standard errors of the gap, and the gap (the mean's reward minus the members') above
     :data:`NOISE_SHARE` of the mean's reward's size and above :data:`NOISE_Z` of its standard
     errors (NaN anywhere: no)."""
     mean = record[M.TRAIN_MEAN_REWARD]
     gap = record.get(M.MEMBER_GAP, math.nan)
     se = record.get(M.MEMBER_GAP_SE, math.nan)
-    return bool(gap > NOISE_SHARE * abs(mean) and gap > NOISE_Z * se)
+    sized = abs(mean) > NOISE_Z * se  # "half of a reward of about 0" is no measure
+    return bool(sized and gap > NOISE_SHARE * abs(mean) and gap > NOISE_Z * se)
 
 
 def _change_se(first: Mapping[str, float], now: Mapping[str, float]) -> float:
     """The standard error of ``now``'s held-out accuracy minus ``first``'s, two binomial
     proportions of ``eval/prompts`` puzzles each, one success and one failure added to each
-    (Agresti and Caffo 2000, which keeps 0 of n from having none). A start without a size (a
-    start taken as 0, :data:`NO_START`) adds nothing; NaN when ``now`` has no size."""
+    (Agresti and Caffo 2000, which keeps 0 of n from having none). A start taken as 0
+    (:data:`NO_START`, 0 puzzles) adds nothing; a first eval logged before the key is taken to
+    be of ``now``'s size; NaN when ``now`` has no size."""
+    size = now.get(PROMPTS)
+    if size is None:
+        return math.nan
     variance = 0.0
     for record in (first, now):
-        n = record.get(PROMPTS)
-        if n is None:
-            if record is now:
-                return math.nan
+        n = record.get(PROMPTS, size)
+        if n == 0:
             continue
         p = (record[ACCURACY] * n + 1) / (n + 2)
         variance += p * (1 - p) / (n + 2)

@@ -6,9 +6,11 @@ saved answers (a run's ``samples/gen-NNN.jsonl``: prompt, completion, scores) an
 check's (``check_chat.py``: numbers, target, completion, correct) hold the puzzles, so before
 they are committed ``strip`` replaces each paper puzzle's prompt, or numbers and target, by
 ``"puzzle": <its id in countdown.json>``. What is not one of the paper's puzzles (evolm's own
-generated held-out sets) is left as it is. ``rows`` joins them back for reading.
+generated held-out sets) is left as it is; in other text files (the CPU probes' logs) a puzzle
+printed as ``{'numbers': [...], 'target': '...'}`` becomes ``{'puzzle': <id>}``. A puzzle left
+in any of these forms afterwards is an error. ``rows`` joins them back for reading.
 
-  python puzzles.py FILE...   # strip in place: .jsonl, .json, .xz of either, .tar.xz of .jsonl
+  python puzzles.py FILE...   # strip in place: .jsonl, .json, .txt, .xz of one, .tar.xz
 
 COUNTDOWN_JSON=PATH: the paper's file (default: ../shared/data/countdown/countdown.json beside
 the checkout).
@@ -29,6 +31,18 @@ DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "countdown" / "
 PUZZLE = re.compile(
     r"Using the numbers \[([\d ]+)\], create an equation that equals (-?\d+(?:\.\d+)?)\."
 )
+REPR = re.compile(r"\{'numbers': \[([\d, ]+)\], 'target': '(-?\d+(?:\.\d+)?)'\}")
+"""A puzzle printed as a Python dict (the CPU probes' logs)."""
+FIELDS = re.compile(r'"numbers":\s*\[([\d,\s]+)\],\s*"target":\s*"?(-?\d+(?:\.\d+)?)')
+"""A puzzle as JSON fields, compact or indented."""
+
+
+def held(text: str) -> set[int]:
+    """The ids of the paper's puzzles ``text`` holds, in any of the three forms."""
+    keys = {(tuple(map(int, n.split())), t) for n, t in PUZZLE.findall(text)}
+    for pattern in (REPR, FIELDS):
+        keys |= {(tuple(map(int, re.findall(r"\d+", n))), t) for n, t in pattern.findall(text)}
+    return {ids()[k] for k in keys if k in ids()}
 
 
 @cache
@@ -69,15 +83,28 @@ def _strip_row(row: dict) -> dict:
     return row
 
 
+def _strip_repr(found: re.Match) -> str:
+    key = (tuple(int(n) for n in found.group(1).split(",")), found.group(2))
+    return f"{{'puzzle': {ids()[key]}}}" if key in ids() else found.group(0)
+
+
 def _strip_text(name: str, text: str) -> str:
-    """A .jsonl or .json document with its paper puzzles replaced by ids."""
-    if name.endswith(".jsonl"):
+    """A .jsonl or .json document with its paper puzzles replaced by ids; another text with
+    its printed puzzle dicts replaced. A puzzle left in any form is an error."""
+    if not name.endswith((".jsonl", ".json")):
+        out = REPR.sub(_strip_repr, text)
+    elif name.endswith(".jsonl"):
         lines = [json.dumps(_strip_row(json.loads(line))) for line in text.splitlines() if line]
-        return "".join(line + "\n" for line in lines)
-    doc = json.loads(text)
-    if isinstance(doc, dict) and isinstance(doc.get("answers"), list):
-        doc["answers"] = [_strip_row(a) for a in doc["answers"]]
-    return json.dumps(doc, indent=1)
+        out = "".join(line + "\n" for line in lines)
+    else:
+        doc = json.loads(text)
+        if isinstance(doc, dict) and isinstance(doc.get("answers"), list):
+            doc["answers"] = [_strip_row(a) for a in doc["answers"]]
+        out = json.dumps(doc, indent=1)
+    left = held(out)
+    if left:
+        raise ValueError(f"{name}: {len(left)} of the paper's puzzles left in a form not stripped")
+    return out
 
 
 def strip(path: Path) -> None:
@@ -92,7 +119,7 @@ def strip(path: Path) -> None:
         ):
             for member in src.getmembers():
                 if not (member.isfile() and member.name.endswith((".jsonl", ".json"))):
-                    dst.addfile(member)
+                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
                     continue
                 text = _strip_text(member.name, src.extractfile(member).read().decode())  # type: ignore[union-attr]
                 body = text.encode()
