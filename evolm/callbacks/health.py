@@ -36,7 +36,7 @@ proxies decide: the accuracy on the puzzles no answer template solves
 (``eval/template_share``), or the accuracy is still below what the best fixed rule alone
 scores (``eval/shortcut_accuracy``, over the puzzle's order and the numbers ranked by size).
 The names are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is
-watched. A change of the held-out accuracy counts only beyond its sampling error: it must exceed
+watched. A change of the held-out accuracy counts only beyond its sampling error: it must reach
 :data:`RISE_Z` standard errors of a difference of two binomial proportions, each evaluation a
 sample of ``eval/prompts`` puzzles (Agresti and Caffo's estimate, one success and one failure
 added to each, so 0 of 32 -> 1 of 32 is 0.6 standard errors, not a rise: the tiny model's
@@ -180,7 +180,7 @@ shortcut whatever the other puzzles do."""
 BEYOND_SHARE = 0.25
 """Accuracy beyond shortcuts must rise by at least this share of the accuracy's rise."""
 RISE_Z = 2.0
-"""A held-out accuracy's change must exceed this many of its standard errors (module doc)."""
+"""A held-out accuracy's change must reach this many of its standard errors (module doc)."""
 LIFT_SHARE = 0.5
 """Where the eval reports the accuracy lift, it must account for at least this share of the
 accuracy's rise; it then decides alone (the template figures are its proxies)."""

@@ -39,8 +39,8 @@ FIELDS = re.compile(r'"numbers":\s*\[([\d,\s]+)\],\s*"target":\s*"?(-?\d+(?:\.\d
 
 def held(text: str) -> set[int]:
     """The ids of the paper's puzzles ``text`` holds, in any of the three forms."""
-    keys = {(tuple(map(int, n.split())), t) for n, t in PUZZLE.findall(text)}
-    for pattern in (REPR, FIELDS):
+    keys = set()
+    for pattern in (PUZZLE, REPR, FIELDS):
         keys |= {(tuple(map(int, re.findall(r"\d+", n))), t) for n, t in pattern.findall(text)}
     return {ids()[k] for k in keys if k in ids()}
 
@@ -60,14 +60,20 @@ def ids() -> dict[tuple[tuple[int, ...], str], int]:
     return out
 
 
-def puzzle_of_prompt(prompt: str) -> int | None:
-    """The id of the paper puzzle a prompt asks (its last puzzle: worked examples come
-    first), or None where it is not one of the paper's."""
+def asked(prompt: str) -> tuple[tuple[int, ...], str] | None:
+    """``(numbers, target)`` of the puzzle a prompt asks (its last one: worked examples come
+    first), or None."""
     found = PUZZLE.findall(prompt)
     if not found:
         return None
     numbers, target = found[-1]
-    return ids().get((tuple(int(n) for n in numbers.split()), target))
+    return tuple(int(n) for n in numbers.split()), target
+
+
+def puzzle_of_prompt(prompt: str) -> int | None:
+    """The id of the paper puzzle a prompt asks, or None where it is not one of the paper's."""
+    key = asked(prompt)
+    return None if key is None else ids().get(key)
 
 
 def _strip_row(row: dict) -> dict:
@@ -147,10 +153,9 @@ def rows(path: Path) -> Iterator[tuple[list[int], str, dict]]:
             record = records()[row["puzzle"]]
             yield record["numbers"], record["target"], row
         else:
-            found = PUZZLE.findall(row["prompt"])
-            assert found, row["prompt"]
-            numbers, target = found[-1]
-            yield [int(n) for n in numbers.split()], target, row
+            key = asked(row["prompt"])
+            assert key is not None, row["prompt"]
+            yield list(key[0]), key[1], row
 
 
 if __name__ == "__main__":
