@@ -70,13 +70,25 @@ def main() -> None:
         for t in tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
             texts.append(t.split("</answer>")[0] + "</answer>" if "</answer>" in t else t)
         print(f"{len(texts)}/{len(records)} in {time.time() - start:.0f} s", flush=True)
+        result = summary(records[: len(texts)], texts, model_dir, adapter, first, max_new, start)
+        tmp = Path(f"{out}.tmp")  # after every batch, whole: a check cut short keeps its answers
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(out)
+    print(json.dumps({k: v for k, v in result.items() if k != "answers"}))
+
+
+def summary(
+    records: list[dict], texts: list[str], model_dir: str, adapter: str, first: int,
+    max_new: int, start: float,
+) -> dict:  # fmt: skip
+    """The check's record of the puzzles answered so far."""
     scores = [reward(t, r["numbers"], r["target"]) for t, r in zip(texts, records, strict=True)]
     by: dict[str, list[int]] = {}
     for r, s in zip(records, scores, strict=True):
         by.setdefault(family(r), [0, 0])
         by[family(r)][0] += 1
         by[family(r)][1] += s[2] > 0
-    result = {
+    return {
         "model": model_dir, "adapter": adapter, "first": first, "puzzles": len(records),
         "max_new_tokens": max_new,
         "accuracy": sum(s[2] > 0 for s in scores) / len(records),
@@ -87,8 +99,6 @@ def main() -> None:
         "answers": [{"puzzle": r["id"], "completion": t, "correct": s[2] > 0}
                     for r, t, s in zip(records, texts, scores, strict=True)],
     }  # fmt: skip
-    Path(out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k != "answers"}))
 
 
 if __name__ == "__main__":
