@@ -350,16 +350,21 @@ def test_accuracy_that_the_answers_forms_explain_is_a_shortcut(tmp_path: Path) -
         assert (TAG in ctx.tags) == reported, lift
 
 
-def test_a_run_without_a_start_eval_is_judged_from_zero(tmp_path: Path) -> None:
+def test_a_run_without_a_start_eval_is_judged_from_zero(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """eval_start=false (issue 36's seed-1 runs, their figures): the 0.5B's only eval, 9.6% with
     a lift of -2.5 points, is a shortcut; the 1.5B's, 31.85% with a lift of +24.8, is not. The
     same holds when such a run is resumed (its history starts with generation 0, no eval)."""
     for acc, lift, reported in ((0.096, -0.025, True), (0.3185, 0.248, False)):
         now = {"eval/accuracy_mean": acc, "eval/accuracy_lift": lift}
         monitor, ctx = LearningMonitor(), context(tmp_path)
+        caplog.clear()
         monitor.on_generation_end(ctx, GenerationRecord(0), None)  # type: ignore[arg-type]
         monitor.on_generation_end(ctx, replace(record(63, 0.1), eval=now), None)  # type: ignore[arg-type]
         assert (TAG in ctx.tags) == reported, acc
+        said = "rose from 0.0% (the start was not evaluated, eval_start=false: taken as 0) to"
+        assert (said in caplog.text) == reported
         resumed, ctx = LearningMonitor(), context(tmp_path)
         ctx.history = [{"generation": 0}, {"generation": 1, "train/fitness_mean": 0.0}]
         resumed.on_run_start(ctx, None)  # type: ignore[arg-type]

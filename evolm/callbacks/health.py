@@ -440,9 +440,12 @@ class LearningMonitor(Callback):
         self, ctx: RunContext, generation: int, evaluation: Mapping[str, float]
     ) -> None:
         first = self.first_eval or {}
+        acc_start = _share(first, ACCURACY)
+        if first.get(PROMPTS) == 0:  # NO_START: say so, a reader would take 0.0% as measured
+            acc_start += " (the start was not evaluated, eval_start=false: taken as 0)"
         message = SHORTCUT_ADVICE.format(
             acc=ACCURACY,
-            acc_start=_share(first, ACCURACY),
+            acc_start=acc_start,
             acc_now=_share(evaluation, ACCURACY),
             beyond=BEYOND,
             beyond_start=_share(first, BEYOND),
