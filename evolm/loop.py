@@ -312,5 +312,9 @@ class ESLoop:
         return record
 
     def _emit(self, ctx: RunContext, record: GenerationRecord, state: ESState) -> None:
-        for cb in self.callbacks:
-            cb.on_generation_end(ctx, record, state)
+        """A generation's end, whole: a stop that comes while the callbacks take it is raised
+        after the last (a SIGTERM between the results writer and the checkpointer left
+        generation 1 in results.jsonl but in no checkpoint; the resume lost it)."""
+        with deferred():
+            for cb in self.callbacks:
+                cb.on_generation_end(ctx, record, state)

@@ -16,7 +16,13 @@ from typing import IO, Any
 import pytest
 from filelock import FileLock
 
-from evolm.server.connection import free_port
+# torch on one CPU thread in the tests and every process they start (unless the caller chose),
+# set before evolm loads torch: the default demo took 41 s on one thread, 55 s on two, with the
+# same records, on the developers' 2-core machine; make test's two workers share the two cores.
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
+
+from evolm.server.connection import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

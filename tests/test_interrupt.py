@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,11 +24,12 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from evolm import interrupt
-from evolm.callbacks import RunContext
+from evolm.callbacks import Callback, RunContext
 from evolm.callbacks.checkpoint import Checkpointer
 from evolm.callbacks.mlflow import MLflowLogger
 from evolm.checkpoint import checkpoints, latest_checkpoint
 from evolm.es import ESState
+from evolm.loop import ESLoop
 from evolm.lora import LoraLayout
 from evolm.server.connection import free_port
 from evolm.task.scorer import Scorer
@@ -226,6 +228,30 @@ def test_checkpointer_saves_the_last_finished_generation_on_a_stop_only(tmp_path
     assert found is not None and found.generation == 3
     assert [r["generation"] for r in found.records] == [1, 2, 3]
     assert found.state["task"]["log_lambda"] == pytest.approx(math.log(2.0))
+
+
+def test_a_stop_while_a_generation_ends_saves_that_generation(
+    handlers: None, tmp_path: Path
+) -> None:
+    """SIGTERM after the results writer took generation 1 and before the checkpointer did (CI
+    hit it under load): the generation ends whole, then the stop saves it, as the results say."""
+    layout = LoraLayout(targets=(), rank=1, alpha=1.0, num_layers=1)
+    ctx = RunContext(tmp_path, 40, layout, "base")
+    saver, seen = Checkpointer(every=10), []
+
+    class Writer(Callback):
+        def on_generation_end(self, ctx: RunContext, record: Any, state: ESState) -> None:
+            seen.append(record.generation)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # the handler runs here
+
+    loop = SimpleNamespace(callbacks=[Writer(), saver])
+    saver.on_run_start(ctx, ESState(mean=[torch.zeros(2)], seed=0, generation=0))
+    with pytest.raises(interrupt.Interrupted) as stopped:
+        ESLoop._emit(loop, ctx, generation_record(1), ESState([torch.ones(2)], 0, 1))  # type: ignore[arg-type]
+    saver.on_run_error(ctx, stopped.value)
+    found = latest_checkpoint(tmp_path / "checkpoints")
+    assert seen == [1] and found is not None and found.generation == 1
 
 
 def test_a_signal_in_a_deferred_block_is_raised_when_it_ends(handlers: None) -> None:
