@@ -61,12 +61,15 @@ class Run:
     def tokens(self, record: dict[str, Any]) -> float:
         """Tokens generated for this record's update: GRPO writes them; for ES, every member's
         completion of every training prompt of the generation (``train/completion_tokens`` is
-        their mean; ``task.samples_per_generation: null`` is every training puzzle)."""
+        their mean, ``train/prompts`` their number; a record without it: the config's
+        ``task.samples_per_generation``, or with ``null`` every training puzzle)."""
         if TOKENS in record:
             return float(record[TOKENS])
         mean = record.get(M.train_diagnostic(M.COMPLETION_TOKENS))
         es, task = self.config.get("es", {}), self.config.get("task", {})
-        prompts = task.get("samples_per_generation") or task.get("train_size") or 0
+        prompts = record.get(M.train_diagnostic(M.PROMPTS)) or (
+            task.get("samples_per_generation") or task.get("train_size") or 0
+        )
         rows = es.get("population_size", 0) * prompts
         return float(mean) * rows if mean is not None else math.nan
 

@@ -198,3 +198,18 @@ def test_es_tokens_count_every_training_puzzle_when_each_generation_takes_all(
     }
     run = Run("es", tmp_path, [], config, None)
     assert run.tokens({M.train_diagnostic(M.COMPLETION_TOKENS): 10.0}) == expected
+
+
+def test_es_tokens_count_the_prompts_the_generation_scored(tmp_path: Path) -> None:
+    """A generation's record says how many prompts it scored (``train/prompts``): that count,
+    not ``train_size``, when ``task.train_n`` keeps only some of the training puzzles (the
+    0.5B comparison: 96 three-number puzzles of 200; its report said 70.2 M tokens for 33.7 M)."""
+    from baselines.report import Run
+
+    config = {
+        "es": {"population_size": 30},
+        "task": {"samples_per_generation": None, "train_size": 200},
+    }
+    run = Run("es", tmp_path, [], config, None)
+    record = {M.train_diagnostic(M.COMPLETION_TOKENS): 10.0, M.train_diagnostic(M.PROMPTS): 96.0}
+    assert run.tokens(record) == 30 * 96 * 10.0
