@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,9 +21,11 @@ from omegaconf import DictConfig
 import evolm.config  # noqa: F401  (registers the schemas)
 from evolm.callbacks import GenerationRecord
 from evolm.es import TellStats
+from tests.zygote import PER_RUN_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = str(REPO / "conf")
+SESSION_ENV = dict(os.environ)  # as the tests started (conftest's thread settings included)
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -29,9 +36,12 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 def run_cli(
     args: Sequence[str], timeout: float = 300, cwd: Path = REPO, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m evolm ARGS`` in a subprocess (offline, tqdm off)."""
+    """``python -m evolm ARGS`` in a child process (offline, tqdm off): forked from the tests'
+    zygote (:mod:`tests.zygote`, the imports done once) when ``env`` changes only variables a run
+    reads itself, else a plain subprocess."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", **(env or {})}
-    return subprocess.run(
+    forked = ZYGOTE.run(args, timeout, cwd, full_env) if ZYGOTE.serves(full_env) else None
+    return forked or subprocess.run(
         [sys.executable, "-m", "evolm", *args],
         capture_output=True,
         text=True,
@@ -39,6 +49,103 @@ def run_cli(
         cwd=cwd,
         env=full_env,
     )
+
+
+class Zygote:
+    """The client of ``python -m tests.zygote``: started at its first run, one run at a time
+    (a run asked for while another is under way goes to a plain subprocess). The environment
+    variable ``EVOLM_TEST_ZYGOTE=0`` sends every run to a plain subprocess."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._env: dict[str, str] = {}
+        self._buf = b""
+        self._log = Path(os.devnull)
+        self.last_pid = 0
+        self._busy = threading.Lock()
+
+    def serves(self, env: dict[str, str]) -> bool:
+        if os.environ.get("EVOLM_TEST_ZYGOTE", "1") == "0":
+            return False
+        base = self._env or self._start_env()
+        keys = (set(env) | set(base)) - PER_RUN_ENV
+        return all(env.get(k) == base.get(k) for k in keys)
+
+    def _start_env(self) -> dict[str, str]:
+        """The environment the tests started with (not a test's monkeypatched one), as
+        ``run_cli`` passes it."""
+        return {**SESSION_ENV, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+
+    def _answer(self, proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
+        """The zygote's next answer line (read from its pipe's fd: no buffer hides a line)."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                log = self._log.read_text()[-4000:]
+                raise RuntimeError(f"the tests' zygote exited ({proc.wait()}): {log}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._env, self._buf = self._start_env(), b""
+            self._log = Path(tempfile.mkstemp(prefix="evolm-zygote-", suffix=".log")[1])
+            with self._log.open("wb") as log:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "tests.zygote"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    cwd=REPO,
+                    env=self._env,
+                )
+            self._answer(self._proc, time.monotonic() + 300)  # {"ready": pid}
+        return self._proc
+
+    def run(
+        self, args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str]
+    ) -> subprocess.CompletedProcess[str] | None:
+        """The run's result, or None if another run holds the zygote."""
+        if not self._busy.acquire(blocking=False):
+            return None
+        try:
+            return self._run(args, timeout, cwd, env)
+        finally:
+            self._busy.release()
+
+    def _run(
+        self, args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str]
+    ) -> subprocess.CompletedProcess[str]:
+        proc = self._started()
+        assert proc.stdin is not None
+        with tempfile.TemporaryDirectory(prefix="evolm-cli-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"argv": list(args), "cwd": str(cwd), "env": env}
+            line = json.dumps({**request, "stdout": str(out), "stderr": str(err)}) + "\n"
+            proc.stdin.write(line.encode())
+            proc.stdin.flush()
+            deadline = time.monotonic() + timeout
+            pid = self.last_pid = self._answer(proc, time.monotonic() + 60)["pid"]
+            try:
+                code = self._answer(proc, deadline)["returncode"]
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                self._answer(proc, time.monotonic() + 60)
+                raise subprocess.TimeoutExpired(
+                    ["python", "-m", "evolm", *args], timeout, out.read_text(), err.read_text()
+                ) from None
+            return subprocess.CompletedProcess(
+                ["python", "-m", "evolm", *args], code, out.read_text(), err.read_text()
+            )
+
+
+ZYGOTE = Zygote()
 
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:
