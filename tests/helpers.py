@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import signal
@@ -68,8 +69,12 @@ class Zygote:
         if os.environ.get("EVOLM_TEST_ZYGOTE", "1") == "0":
             return False
         base = self._env or self._start_env()
-        keys = (set(env) | set(base)) - PER_RUN_ENV
-        return all(env.get(k) == base.get(k) for k in keys)
+        differ = sorted(
+            k for k in (set(env) | set(base)) - PER_RUN_ENV if env.get(k) != base.get(k)
+        )
+        if differ:
+            logging.getLogger(__name__).info("a plain subprocess: the environment sets %s", differ)
+        return not differ
 
     def _start_env(self) -> dict[str, str]:
         """The environment the tests started with (not a test's monkeypatched one), as

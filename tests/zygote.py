@@ -41,11 +41,13 @@ PER_RUN_ENV = frozenset(
         "EVOLM_CACHE_DIR",
         "EVOLM_COUNTDOWN_JSON",
         "PYTEST_CURRENT_TEST",
+        "TORCHINDUCTOR_CACHE_DIR",
     }
 )
 """The variables a run may set differently from the zygote's environment: each is read when the
 run reads it (MLflow's store, Hydra's error mode, evolm's model cache and data file), never when
-a module is imported."""
+a module is imported. ``TORCHINDUCTOR_CACHE_DIR`` is one torch's compiler sets in the tests'
+own process, to its default, the first time a test compiles."""
 
 
 PRELOAD = (
