@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
@@ -35,13 +37,18 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def run_cli(
-    args: Sequence[str], timeout: float = 300, cwd: Path = REPO, env: dict[str, str] | None = None
+    args: Sequence[str],
+    timeout: float = 300,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m evolm ARGS`` in a child process (offline, tqdm off): forked from the tests'
     zygote (:mod:`tests.zygote`, the imports done once) when ``env`` changes only variables a run
-    reads itself, else a plain subprocess."""
+    reads itself, else (and with ``fresh``: a new interpreter, its own hash seed) a plain
+    subprocess."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", **(env or {})}
-    forked = ZYGOTE.run(args, timeout, cwd, full_env) if ZYGOTE.serves(full_env) else None
+    forked = None if fresh else ZYGOTE.run(args, timeout, cwd, full_env)
     return forked or subprocess.run(
         [sys.executable, "-m", "evolm", *args],
         capture_output=True,
@@ -53,101 +60,121 @@ def run_cli(
 
 
 class Zygote:
-    """The client of ``python -m tests.zygote``: started at its first run, one run at a time
-    (a run asked for while another is under way goes to a plain subprocess). The environment
-    variable ``EVOLM_TEST_ZYGOTE=0`` sends every run to a plain subprocess."""
+    """The client of ``python -m tests.zygote``: started at its first run, one run at a time.
+    :meth:`run` answers None (the caller runs a plain subprocess) when the run's environment
+    would change an import, while another run holds the zygote, after the zygote failed, or
+    with ``EVOLM_TEST_ZYGOTE=0``."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
-        self._env: dict[str, str] = {}
         self._buf = b""
         self._log = Path(os.devnull)
-        self.last_pid = 0
         self._busy = threading.Lock()
+        self._failed = os.environ.get("EVOLM_TEST_ZYGOTE", "1") == "0"
+        self.last_pid = 0
+
+    @staticmethod
+    def base_env() -> dict[str, str]:
+        """The zygote's environment: the one the tests started with (not a test's
+        monkeypatched one), as ``run_cli`` passes it."""
+        return {**SESSION_ENV, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 
     def serves(self, env: dict[str, str]) -> bool:
-        if os.environ.get("EVOLM_TEST_ZYGOTE", "1") == "0":
-            return False
-        base = self._env or self._start_env()
+        """Whether a run with the environment ``env`` may fork from the zygote."""
+        base = self.base_env()
         differ = sorted(
             k for k in (set(env) | set(base)) - PER_RUN_ENV if env.get(k) != base.get(k)
         )
         if differ:
             logging.getLogger(__name__).info("a plain subprocess: the environment sets %s", differ)
-        return not differ
-
-    def _start_env(self) -> dict[str, str]:
-        """The environment the tests started with (not a test's monkeypatched one), as
-        ``run_cli`` passes it."""
-        return {**SESSION_ENV, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
-
-    def _answer(self, proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
-        """The zygote's next answer line (read from its pipe's fd: no buffer hides a line)."""
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                log = self._log.read_text()[-4000:]
-                raise RuntimeError(f"the tests' zygote exited ({proc.wait()}): {log}")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def _started(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
-            self._env, self._buf = self._start_env(), b""
-            self._log = Path(tempfile.mkstemp(prefix="evolm-zygote-", suffix=".log")[1])
-            with self._log.open("wb") as log:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "tests.zygote"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    cwd=REPO,
-                    env=self._env,
-                )
-            self._answer(self._proc, time.monotonic() + 300)  # {"ready": pid}
-        return self._proc
+        return not differ and not self._failed
 
     def run(
         self, args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str]
     ) -> subprocess.CompletedProcess[str] | None:
-        """The run's result, or None if another run holds the zygote."""
-        if not self._busy.acquire(blocking=False):
+        """The forked run's result (``subprocess.TimeoutExpired`` past ``timeout``), or None."""
+        if not self.serves(env) or not self._busy.acquire(blocking=False):
             return None
         try:
             return self._run(args, timeout, cwd, env)
+        except (KeyError, OSError, RuntimeError, TimeoutError, ValueError):
+            self._stop()  # out of step with the zygote: no more forks this session
+            self._failed = True
+            raise
         finally:
             self._busy.release()
+
+    def _answer(self, deadline: float) -> dict[str, Any]:
+        """The zygote's next answer line (read from its pipe's fd: no buffer hides a line)."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError("the tests' zygote did not answer")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                log = self._log.read_text()[-4000:]
+                raise RuntimeError(f"the tests' zygote exited ({self._proc.wait()}): {log}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _start(self) -> None:
+        fd, log = tempfile.mkstemp(prefix="evolm-zygote-", suffix=".log")
+        self._log, self._buf = Path(log), b""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=fd,
+            cwd=REPO,
+            env=self.base_env(),
+        )
+        os.close(fd)
+        atexit.register(self._stop)
+        self._answer(time.monotonic() + 300)  # {"ready": pid}: the imports done
+
+    def _stop(self) -> None:
+        """End the zygote: its stdin closed ends its loop; killed if it does not."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._log.unlink(missing_ok=True)
 
     def _run(
         self, args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str]
     ) -> subprocess.CompletedProcess[str]:
-        proc = self._started()
-        assert proc.stdin is not None
+        if self._proc is None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        command = [sys.executable, "-m", "evolm", *args]
         with tempfile.TemporaryDirectory(prefix="evolm-cli-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"argv": list(args), "cwd": str(cwd), "env": env}
             line = json.dumps({**request, "stdout": str(out), "stderr": str(err)}) + "\n"
-            proc.stdin.write(line.encode())
-            proc.stdin.flush()
+            self._proc.stdin.write(line.encode())
+            self._proc.stdin.flush()
             deadline = time.monotonic() + timeout
-            pid = self.last_pid = self._answer(proc, time.monotonic() + 60)["pid"]
+            pid = self.last_pid = self._answer(time.monotonic() + 60)["pid"]
             try:
-                code = self._answer(proc, deadline)["returncode"]
+                code = self._answer(deadline)["returncode"]
             except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                self._answer(proc, time.monotonic() + 60)
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(pid, signal.SIGKILL)
+                self._answer(time.monotonic() + 60)  # its return code: in step again
                 raise subprocess.TimeoutExpired(
-                    ["python", "-m", "evolm", *args], timeout, out.read_text(), err.read_text()
+                    command, timeout, out.read_bytes(), err.read_bytes()
                 ) from None
-            return subprocess.CompletedProcess(
-                ["python", "-m", "evolm", *args], code, out.read_text(), err.read_text()
-            )
+            return subprocess.CompletedProcess(command, code, out.read_text(), err.read_text())
 
 
 ZYGOTE = Zygote()

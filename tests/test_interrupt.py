@@ -74,7 +74,7 @@ def mlflow_run(store: str, run_dir: Path) -> Any:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Path:
     run_dir = tmp_path_factory.mktemp("sigterm") / "uninterrupted"
-    proc = run_cli([*ARGS, "logger=none", f"hydra.run.dir={run_dir}"], timeout=180)
+    proc = run_cli([*ARGS, "logger=none", f"hydra.run.dir={run_dir}"], timeout=180, fresh=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
 

@@ -54,7 +54,9 @@ def without_mean(record: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Path:
     run_dir = tmp_path_factory.mktemp("resume") / "uninterrupted"
-    proc = run_cli([*ARGS, f"hydra.run.dir={run_dir}"], timeout=120)
+    proc = run_cli(
+        [*ARGS, f"hydra.run.dir={run_dir}"], timeout=120, fresh=True
+    )  # another hash seed than the resumes'
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir
 

@@ -6,30 +6,17 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ZYGOTE, run_cli
+from tests.helpers import ZYGOTE, read_results, run_cli
 
 
 def digitless(text: str) -> str:
     """``text`` without its times and dates (every digit a 0)."""
     return re.sub(r"[0-9]", "0", text)
-
-
-def plain(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", **env}
-    return subprocess.run(
-        [sys.executable, "-m", "evolm", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env=full,
-    )
 
 
 @pytest.mark.parametrize(
@@ -43,9 +30,10 @@ def plain(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complet
 def test_a_forked_run_exits_and_prints_as_a_plain_one(
     tmp_path: Path, args: list[str], env: dict[str, str]
 ) -> None:
-    assert ZYGOTE.serves({**ZYGOTE._start_env(), **env})
+    before = ZYGOTE.last_pid
     forked = run_cli(args, timeout=120, cwd=tmp_path, env=env)
-    reference = plain(args, tmp_path, env)
+    assert ZYGOTE.last_pid not in (before, 0)  # it forked
+    reference = run_cli(args, timeout=120, cwd=tmp_path, env=env, fresh=True)
     assert forked.returncode == reference.returncode
     assert digitless(forked.stdout) == digitless(reference.stdout)
     # the same messages; a traceback's frames differ (runpy's own, or the zygote's, at the top)
@@ -55,8 +43,31 @@ def test_a_forked_run_exits_and_prints_as_a_plain_one(
     )
 
 
+def test_a_forked_training_run_writes_what_a_fresh_one_writes(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
+    """Two generations of the default demo, forked and in a fresh interpreter (another hash
+    seed): the same records and the same adapter bytes."""
+    args = ["generations=2", "logger=none"]
+    forked, fresh = tmp_path / "forked", tmp_path / "fresh"
+    before = ZYGOTE.last_pid
+    assert run_cli([*args, f"hydra.run.dir={forked}"], timeout=180).returncode == 0
+    assert ZYGOTE.last_pid not in (before, 0)
+    proc = run_cli([*args, f"hydra.run.dir={fresh}"], timeout=180, fresh=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    def records(run: Path) -> list[dict[str, object]]:
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time/")} for r in read_results(run)
+        ]
+
+    assert len(records(forked)) == 3 and records(forked) == records(fresh)
+    adapter = Path("adapter") / "adapter_model.safetensors"
+    assert (forked / adapter).read_bytes() == (fresh / adapter).read_bytes()
+
+
 def test_runs_that_change_an_import_go_to_a_plain_subprocess() -> None:
-    base = ZYGOTE._start_env()
+    base = ZYGOTE.base_env()
     assert ZYGOTE.serves({**base, "MLFLOW_TRACKING_URI": "sqlite:///x.db"})
     assert not ZYGOTE.serves({**base, "PYTHONPATH": "/elsewhere"})
     assert not ZYGOTE.serves({**base, "OMP_NUM_THREADS": "7"})

@@ -1,38 +1,40 @@
 """``python -m evolm`` for the tests without its imports: a process that has imported what
-every CLI run imports (torch, transformers, hydra, mlflow, matplotlib: ~10 s of a tiny run's
+every CLI run imports (torch, transformers, hydra, mlflow, matplotlib: ~8 s of a tiny run's
 ~15-20 s on a 2-core CPU) forks one child per run, and the child is the CLI.
 
     python -m tests.zygote      # reads requests on stdin, answers on stdout (JSON lines)
 
 A request is ``{"argv", "cwd", "env", "stdout", "stderr"}``. The zygote forks; the child
 changes to ``cwd``, takes ``env`` as its whole environment, points its stdin at /dev/null and
-its stdout and stderr at the two files, and runs ``evolm.__main__`` as ``__main__`` with
-``argv`` (as ``python -m evolm`` does: ``runpy``), then exits the way the interpreter would:
-its non-daemon threads joined, its atexit handlers run, its streams flushed, ``SystemExit``'s
-code (an uncaught exception: its traceback and 1). The zygote answers ``{"pid"}`` once the
-child runs (a test may signal it) and ``{"returncode"}`` when it ends (``-N``: killed by
-signal N, as :mod:`subprocess` says it).
+its stdout and stderr at the two files, and runs ``evolm`` as ``python -m evolm`` does
+(``runpy._run_module_as_main`` in a fresh ``__main__`` module), then exits through the
+interpreter's own exit. The zygote answers ``{"pid"}`` once the child runs (a test may signal
+it) and ``{"returncode"}`` when it ends (``-N``: killed by signal N, as :mod:`subprocess` says
+it).
 
-The child is a real process running the real CLI; what it shares with its siblings is only the
-modules imported before the fork. So a run whose environment would change how a module loads
-(``PYTHONPATH``, thread counts, hub settings...) cannot come here: :func:`tests.helpers.run_cli`
-sends only runs whose environment differs from the zygote's in :data:`PER_RUN_ENV` (variables
-read when a run reads them, not when a module loads), and runs the others in a plain
-subprocess.
+The child is a real process running the real CLI; what it shares with its siblings is what
+happened before the fork:
+- the imported modules: so a run whose environment would change how a module loads
+  (``PYTHONPATH``, thread counts, hub settings...) cannot come here: :func:`tests.helpers.run_cli`
+  sends only runs whose environment differs from the zygote's in :data:`PER_RUN_ENV` (variables
+  read when a run reads them, not when a module loads), and runs the others in a plain
+  subprocess; warnings printed while importing went to the zygote's log, not to a run's stderr;
+- the hash seed (``PYTHONHASHSEED``): forked runs order sets alike, so a test that compares runs
+  across interpreters (a resume against a run from the start) runs one side with
+  ``run_cli(..., fresh=True)``.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import importlib
 import json
 import os
 import runpy
 import sys
 import threading
-import traceback
-from typing import IO, Any
+import types
+from pathlib import Path
+from typing import IO, Any, NoReturn
 
 PER_RUN_ENV = frozenset(
     {
@@ -51,7 +53,7 @@ own process, to its default, the first time a test compiles."""
 
 
 PRELOAD = (
-    "matplotlib.pyplot",
+    "matplotlib.figure",
     "mlflow",
     "mlflow.store.tracking.sqlalchemy_store",
     "alembic",  # MLflow's migrations of a new store
@@ -83,59 +85,49 @@ adds), imported before the fork."""
 def preload() -> None:
     """Import :data:`PRELOAD`, and check that nothing started a thread (a fork keeps only the
     forking thread)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     for name in PRELOAD:
         importlib.import_module(name)
     del sys.modules["evolm.__main__"]  # each child runs it afresh as __main__, as python -m does
     extra = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    if extra:
-        raise RuntimeError(f"preloading started threads {extra}: a fork would lose them")
+    native = [name for name in thread_names()[1:] if name not in FORK_SAFE_THREADS]
+    if extra or native:
+        raise RuntimeError(f"preloading started threads {extra or native}: a fork loses them")
 
 
-def exit_code(code: object) -> int:
-    """The exit status of ``SystemExit(code)``, as the interpreter makes it."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    sys.stderr.write(f"{code}\n")
-    return 1
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+"""Native threads a fork may lose: jemalloc's background purger (pyarrow's allocator, loaded by
+MLflow) is an optimization that its fork handlers leave the child without."""
 
 
-def child(request: dict[str, Any]) -> None:
-    """The forked CLI run (never returns)."""
-    code = 1
-    try:
-        os.chdir(request["cwd"])
-        sys.path[0] = os.getcwd()  # what ``python -m`` puts first: the working directory
-        os.environ.clear()
-        os.environ.update(request["env"])
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(stdin, 0)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(f, fd)
-            os.close(f)
-        sys.argv = ["-m", *request["argv"]]  # runpy puts the module's path first
-        try:
-            runpy.run_module("evolm", run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as e:
-            code = exit_code(e.code)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        threading._shutdown()  # type: ignore[attr-defined]  (what the interpreter's exit does)
-        atexit._run_exitfuncs()
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed stream: nothing left to flush
-                stream.flush()
-        os._exit(code)
+def thread_names() -> list[str]:
+    """This process's threads, the main one first, native ones (OpenMP's pool, a tokenizer's...)
+    included."""
+    tasks = Path("/proc/self/task")
+    ids = sorted(os.listdir(tasks), key=lambda t: t != str(os.getpid()))
+    return [(tasks / t / "comm").read_text().strip() for t in ids]
+
+
+def child(request: dict[str, Any]) -> NoReturn:
+    """The forked CLI run: from its setup on, what CPython does for ``python -m evolm``
+    (``runpy._run_module_as_main`` in a fresh ``__main__``). An exception or ``SystemExit``
+    leaves through the interpreter's own exit, as a fresh interpreter's would: its excepthook,
+    exit code (a ``KeyboardInterrupt`` re-raises SIGINT), thread joins, atexit handlers and
+    stream flushes."""
+    os.chdir(request["cwd"])
+    sys.path[0] = os.getcwd()  # what ``python -m`` puts first: the working directory
+    os.environ.clear()
+    os.environ.update(request["env"])
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    sys.argv = ["-m", *request["argv"]]  # runpy puts the module's path first
+    runpy._run_module_as_main("evolm")  # type: ignore[attr-defined]
+    raise SystemExit(0)
 
 
 def serve(requests: IO[str], answers: IO[str]) -> None:
