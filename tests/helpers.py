@@ -61,16 +61,19 @@ def run_cli(
 
 class Zygote:
     """The client of ``python -m tests.zygote``: started at its first run, one run at a time.
-    :meth:`run` answers None (the caller runs a plain subprocess) when the run's environment
-    would change an import, while another run holds the zygote, after the zygote failed, or
-    with ``EVOLM_TEST_ZYGOTE=0``."""
+    Off unless ``EVOLM_TEST_ZYGOTE=1``: in the full suite, variables that earlier tests set in
+    the tests' own process (MLflow's request settings, the sweep's...) made every run differ
+    from the zygote's environment, and which of them a forked run may safely inherit is not yet
+    settled. :meth:`run` answers None (the caller runs a plain subprocess) when it is off, when
+    the run's environment would change an import, while another run holds the zygote, and after
+    the zygote failed."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
         self._log = Path(os.devnull)
         self._busy = threading.Lock()
-        self._failed = os.environ.get("EVOLM_TEST_ZYGOTE", "1") == "0"
+        self.off = os.environ.get("EVOLM_TEST_ZYGOTE", "0") != "1"
         self.last_pid = 0
 
     @staticmethod
@@ -87,7 +90,7 @@ class Zygote:
         )
         if differ:
             logging.getLogger(__name__).info("a plain subprocess: the environment sets %s", differ)
-        return not differ and not self._failed
+        return not differ and not self.off
 
     def run(
         self, args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str]
@@ -99,7 +102,7 @@ class Zygote:
             return self._run(args, timeout, cwd, env)
         except (KeyError, OSError, RuntimeError, TimeoutError, ValueError):
             self._stop()  # out of step with the zygote: no more forks this session
-            self._failed = True
+            self.off = True
             raise
         finally:
             self._busy.release()

@@ -12,6 +12,20 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ZYGOTE, read_results, run_cli
+from tests.zygote import PER_RUN_ENV
+
+
+@pytest.fixture(autouse=True)
+def zygote_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zygote on (``EVOLM_TEST_ZYGOTE=1``), and the tests' environment as the zygote's
+    outside :data:`PER_RUN_ENV`: what earlier tests set in this process is undone here."""
+    monkeypatch.setattr(ZYGOTE, "off", False)
+    base = ZYGOTE.base_env()
+    for key in set(os.environ) - PER_RUN_ENV - set(base):
+        monkeypatch.delenv(key)
+    for key, value in base.items():
+        if key not in PER_RUN_ENV and key not in ("HF_HUB_OFFLINE", "TQDM_DISABLE"):
+            monkeypatch.setenv(key, value)
 
 
 def digitless(text: str) -> str:
