@@ -84,13 +84,15 @@ class Zygote:
 
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a run with the environment ``env`` may fork from the zygote."""
+        if self.off:
+            return False
         base = self.base_env()
         differ = sorted(
             k for k in (set(env) | set(base)) - PER_RUN_ENV if env.get(k) != base.get(k)
         )
         if differ:
             logging.getLogger(__name__).info("a plain subprocess: the environment sets %s", differ)
-        return not differ and not self.off
+        return not differ
 
     def run(
         self, args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str]
