@@ -164,6 +164,28 @@ def smollm2_dir(evolm_cache: Path) -> str:
     return GGUFModel("smollm2-135m-instruct").resolve()
 
 
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """Each test ends with the environment it started with: variables that code run in the
+    tests' own process sets (the MLflow callback's request settings, the sweep callback's
+    parent run, torch's compiler cache) do not leak into later tests and the runs they start
+    (which then could not fork from the tests' zygote, :mod:`tests.zygote`)."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How the session's CLI runs ran: forked from the zygote or in a plain subprocess, and the
+    variables that sent runs plain (a CI log shows when the zygote stopped serving)."""
+    from tests.helpers import ZYGOTE
+
+    if ZYGOTE.counts:
+        terminalreporter.write_line(f"tests' CLI runs: {ZYGOTE.summary()}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Runs in this session (and their subprocesses) log to a temporary MLflow sqlite store,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import logging
@@ -48,6 +49,8 @@ def run_cli(
     reads itself, else (and with ``fresh``: a new interpreter, its own hash seed) a plain
     subprocess."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", **(env or {})}
+    if fresh:
+        ZYGOTE.counts["plain: fresh"] += 1
     forked = None if fresh else ZYGOTE.run(args, timeout, cwd, full_env)
     return forked or subprocess.run(
         [sys.executable, "-m", "evolm", *args],
@@ -61,20 +64,19 @@ def run_cli(
 
 class Zygote:
     """The client of ``python -m tests.zygote``: started at its first run, one run at a time.
-    Off unless ``EVOLM_TEST_ZYGOTE=1``: in the full suite, variables that earlier tests set in
-    the tests' own process (MLflow's request settings, the sweep's...) made every run differ
-    from the zygote's environment, and which of them a forked run may safely inherit is not yet
-    settled. :meth:`run` answers None (the caller runs a plain subprocess) when it is off, when
-    the run's environment would change an import, while another run holds the zygote, and after
-    the zygote failed."""
+    On unless ``EVOLM_TEST_ZYGOTE=0``. :meth:`run` answers None (the caller runs a plain
+    subprocess) when it is off, when the run's environment would change an import, while
+    another run holds the zygote, and after the zygote failed; :attr:`counts` says how often
+    each happened (the session's summary line)."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = b""
         self._log = Path(os.devnull)
         self._busy = threading.Lock()
-        self.off = os.environ.get("EVOLM_TEST_ZYGOTE", "0") != "1"
+        self.off = os.environ.get("EVOLM_TEST_ZYGOTE", "1") == "0"
         self.last_pid = 0
+        self.counts: collections.Counter[str] = collections.Counter()
 
     @staticmethod
     def base_env() -> dict[str, str]:
@@ -82,25 +84,42 @@ class Zygote:
         monkeypatched one), as ``run_cli`` passes it."""
         return {**SESSION_ENV, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 
+    def differ(self, env: dict[str, str]) -> list[str]:
+        """The variables outside :data:`PER_RUN_ENV` that ``env`` sets unlike the zygote's."""
+        base = self.base_env()
+        return sorted(k for k in (set(env) | set(base)) - PER_RUN_ENV if env.get(k) != base.get(k))
+
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a run with the environment ``env`` may fork from the zygote."""
         if self.off:
+            self.counts["plain: zygote off"] += 1
             return False
-        base = self.base_env()
-        differ = sorted(
-            k for k in (set(env) | set(base)) - PER_RUN_ENV if env.get(k) != base.get(k)
-        )
-        if differ:
-            logging.getLogger(__name__).info("a plain subprocess: the environment sets %s", differ)
+        if differ := self.differ(env):
+            reason = f"plain: the environment sets {', '.join(differ)}"
+            if not self.counts[reason]:
+                logging.getLogger(__name__).warning("a CLI run in a plain subprocess: %s", reason)
+            self.counts[reason] += 1
         return not differ
+
+    def summary(self) -> str:
+        """``N forked, M plain (reason: count; ...)``."""
+        plain = {k: n for k, n in self.counts.items() if k != "forked"}
+        reasons = "; ".join(f"{k.removeprefix('plain: ')}: {n}" for k, n in sorted(plain.items()))
+        return f"{self.counts['forked']} forked, {sum(plain.values())} plain" + (
+            f" ({reasons})" if reasons else ""
+        )
 
     def run(
         self, args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str]
     ) -> subprocess.CompletedProcess[str] | None:
         """The forked run's result (``subprocess.TimeoutExpired`` past ``timeout``), or None."""
-        if not self.serves(env) or not self._busy.acquire(blocking=False):
+        if not self.serves(env):
+            return None
+        if not self._busy.acquire(blocking=False):
+            self.counts["plain: another run holds the zygote"] += 1
             return None
         try:
+            self.counts["forked"] += 1
             return self._run(args, timeout, cwd, env)
         except (KeyError, OSError, RuntimeError, TimeoutError, ValueError):
             self._stop()  # out of step with the zygote: no more forks this session

@@ -17,8 +17,8 @@ from tests.zygote import PER_RUN_ENV
 
 @pytest.fixture(autouse=True)
 def zygote_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The zygote on (``EVOLM_TEST_ZYGOTE=1``), and the tests' environment as the zygote's
-    outside :data:`PER_RUN_ENV`: what earlier tests set in this process is undone here."""
+    """The zygote on (even with ``EVOLM_TEST_ZYGOTE=0``), and the tests' environment as the
+    zygote's outside :data:`PER_RUN_ENV`."""
     monkeypatch.setattr(ZYGOTE, "off", False)
     base = ZYGOTE.base_env()
     for key in set(os.environ) - PER_RUN_ENV - set(base):
@@ -86,6 +86,20 @@ def test_runs_that_change_an_import_go_to_a_plain_subprocess() -> None:
     assert not ZYGOTE.serves({**base, "PYTHONPATH": "/elsewhere"})
     assert not ZYGOTE.serves({**base, "OMP_NUM_THREADS": "7"})
     assert not ZYGOTE.serves({k: v for k, v in base.items() if k != "HF_HUB_OFFLINE"})
+    assert ZYGOTE.counts["plain: the environment sets OMP_NUM_THREADS"] >= 1
+    assert "plain" in ZYGOTE.summary() and "PYTHONPATH" in ZYGOTE.summary()
+
+
+def test_a_variable_set_in_the_tests_process_is_gone_after_the_test_1() -> None:
+    """What code run in-process sets (as the MLflow callback sets MLflow's request settings)
+    does not outlive the test: the next test checks."""
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "1234"
+    os.environ["EVOLM_LEAK_PROBE"] = "1"
+
+
+def test_a_variable_set_in_the_tests_process_is_gone_after_the_test_2() -> None:
+    assert os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT") != "1234"
+    assert "EVOLM_LEAK_PROBE" not in os.environ
 
 
 def test_a_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
