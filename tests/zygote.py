@@ -44,12 +44,15 @@ PER_RUN_ENV = frozenset(
         "EVOLM_COUNTDOWN_JSON",
         "PYTEST_CURRENT_TEST",
         "TORCHINDUCTOR_CACHE_DIR",
+        "_MLFLOW_TELEMETRY_SESSION_ID",
     }
 )
 """The variables a run may set differently from the zygote's environment: each is read when the
 run reads it (MLflow's store, Hydra's error mode, evolm's model cache and data file), never when
 a module is imported. ``TORCHINDUCTOR_CACHE_DIR`` is one torch's compiler sets in the tests'
-own process, to its default, the first time a test compiles."""
+own process, to its default, the first time a test compiles; ``_MLFLOW_TELEMETRY_SESSION_ID``
+one MLflow sets in every process that imports it (its telemetry's session, which child
+processes join), in the tests' own after the zygote's environment was taken."""
 
 
 PRELOAD = (
