@@ -223,6 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = write_report(runs, out, title(cfg, evolm, settings))
     log.info("figure %s, table %s", paths["figure"], paths["table"])
     log.info("\n%s", paths["table"].read_text())
+    for run in runs:
+        if run.summary().get("shortcut"):
+            log.warning(
+                "%s: THIS RUN IS LEARNING A SHORTCUT: its held-out accuracy rose without the "
+                "skill evolm's health monitor asks of a rise (accuracy lift, or accuracy beyond "
+                "templates); read its answers (%s/samples)",
+                run.name.upper(),
+                run.run_dir,
+            )
     return 0
 
 

@@ -22,6 +22,7 @@ import yaml
 from baselines.grpo_data import TOKENS
 from baselines.memory import read_peak
 from evolm import metrics as M
+from evolm.callbacks.health import learned_a_shortcut
 
 ACCURACY = M.eval_score(M.CORRECT_SCORE)
 BEYOND = M.eval_diagnostic(M.ACCURACY_BEYOND_SHORTCUTS)
@@ -105,6 +106,9 @@ class Run:
                 out[f"start {key}"] = first.metrics.get(key)
                 out[f"final {key}"] = last.metrics[key]
                 out[f"best {key}"] = max(p.metrics.get(key, -math.inf) for p in points)
+        if ACCURACY in first.metrics and ACCURACY in last.metrics:
+            # the health monitor's test, start to end: a rise the answers' skill did not make
+            out["shortcut"] = learned_a_shortcut(first.metrics, last.metrics)
         return out
 
 
@@ -159,6 +163,7 @@ def markdown(runs: list[Run]) -> str:
         ("tokens generated in training", "tokens", "{:,.0f}"),
         ("peak memory (GiB)", "peak_gb", "{:.2f}"),
         ("evaluation seconds (not counted)", "eval_s", "{:.0f}"),
+        ("its gain a shortcut? (evolm's health test, start to end)", "shortcut", "{}"),
     ]
     for key in (ACCURACY, BEYOND, M.EVAL_REWARD, M.EVAL_KL_MEAN):
         rows += [
@@ -169,7 +174,7 @@ def markdown(runs: list[Run]) -> str:
     for label, key, fmt in rows:
         if all(s.get(key) is None for s in summaries):
             continue
-        cells = [("n/a" if s.get(key) is None else fmt.format(s[key])) for s in summaries]
+        cells = [_cell(s.get(key), fmt) for s in summaries]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     unit = device_unit(runs)
     lines += [
@@ -185,6 +190,14 @@ def markdown(runs: list[Run]) -> str:
                 f"{_num(acc)} | {_num(beyond)} | {p.metrics[M.EVAL_REWARD]:.4f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "**yes**" if value else "no"
+    return fmt.format(value)
 
 
 def _num(value: float | None) -> str:

@@ -213,3 +213,23 @@ def test_es_tokens_count_the_prompts_the_generation_scored(tmp_path: Path) -> No
     run = Run("es", tmp_path, [], config, None)
     record = {M.train_diagnostic(M.COMPLETION_TOKENS): 10.0, M.train_diagnostic(M.PROMPTS): 96.0}
     assert run.tokens(record) == 30 * 96 * 10.0
+
+
+@pytest.mark.parametrize(
+    ("comparison", "flagged"),
+    [("qwen05-evolm-rollouts", {"es": False, "grpo": True}), ("qwen05-shots", {"es": False})],
+)
+def test_the_report_flags_a_method_whose_gain_is_a_template(
+    comparison: str, flagged: dict[str, bool]
+) -> None:
+    """The committed 0.5B records (one H100): GRPO with evolm's rollouts rose 6.2% -> 16.4% on
+    the paper's puzzles with 95% of its correct answers template-shaped and its lift +3.8 ->
+    +7.8 points, ES 6.2% -> 16.0% with its lift +3.8 -> +9.3: the health monitor's test, applied
+    start to end by the report, tells them apart."""
+    from baselines.report import Run, markdown
+
+    root = REPO / "docs" / "results" / "es-vs-grpo" / comparison
+    runs = [Run.load(name, root / name) for name in flagged]
+    assert {r.name: r.summary()["shortcut"] for r in runs} == flagged
+    row = next(line for line in markdown(runs).splitlines() if "shortcut?" in line)
+    assert row.count("**yes**") == sum(flagged.values())

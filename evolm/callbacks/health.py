@@ -348,30 +348,13 @@ class LearningMonitor(Callback):
         return out
 
     def _shortcut(self, evaluation: Mapping[str, float]) -> bool:
-        """Whether the held-out accuracy has risen by ``shortcut_rise`` and by :data:`RISE_Z`
-        standard errors since the first eval (the baseline) while the accuracy lift has not
-        followed; where no lift is reported,
-        while the accuracy beyond shortcuts has not followed, or nearly every correct answer is
-        a template answer, or one fixed rule would still score more."""
+        """:func:`learned_a_shortcut` since the first eval (the baseline, kept here)."""
         if ACCURACY not in evaluation:
             return False
-        first = self.first_eval
-        if first is None:
+        if self.first_eval is None:
             self.first_eval = dict(evaluation)
             return False
-        rise = evaluation[ACCURACY] - first[ACCURACY]
-        if not rise >= self.shortcut_rise or rise < RISE_Z * _change_se(first, evaluation):
-            return False  # NaN rise: no; NaN standard error (sizes not logged): not tested
-        lift = evaluation.get(LIFT, math.nan) - first.get(LIFT, math.nan)
-        if not math.isnan(lift):  # measured: what choosing per puzzle added, the direct test
-            return lift < LIFT_SHARE * rise
-        beyond = evaluation.get(BEYOND, math.nan) - first.get(BEYOND, math.nan)
-        below_a_rule = evaluation[ACCURACY] < evaluation.get(BEST_TEMPLATE, -math.inf)
-        return (
-            bool(beyond < BEYOND_SHARE * rise)
-            or evaluation.get(TEMPLATES, 0.0) >= TEMPLATE_SHARE_ALARM
-            or below_a_rule
-        )
+        return learned_a_shortcut(self.first_eval, evaluation, self.shortcut_rise)
 
     def _paid_elsewhere(self, evaluation: Mapping[str, float], record: Record) -> str | None:
         """:data:`FELL` when the held-out accuracy has fallen by ``shortcut_rise``, by half or
@@ -514,6 +497,33 @@ def _noise_costs(record: Record) -> bool:
     se = record.get(M.MEMBER_GAP_SE, math.nan)
     sized = abs(mean) > NOISE_Z * se  # "half of a reward of about 0" is no measure
     return bool(sized and gap > NOISE_SHARE * abs(mean) and gap > NOISE_Z * se)
+
+
+def learned_a_shortcut(
+    first: Mapping[str, float], evaluation: Mapping[str, float], min_rise: float = 0.02
+) -> bool:
+    """Whether the held-out accuracy rose from the ``first`` evaluation to ``evaluation`` by
+    ``min_rise`` and by :data:`RISE_Z` standard errors while the accuracy lift did not follow
+    (less than :data:`LIFT_SHARE` of the rise); where no lift is reported, while the accuracy
+    beyond shortcuts did not follow, or nearly every correct answer is a template answer, or
+    one fixed rule would still score more. The test the health monitor applies to every
+    evaluation (``THIS RUN IS LEARNING A SHORTCUT``), for any two evaluations' records: the GRPO
+    baseline's report applies it too."""
+    if ACCURACY not in evaluation or ACCURACY not in first:
+        return False
+    rise = evaluation[ACCURACY] - first[ACCURACY]
+    if not rise >= min_rise or rise < RISE_Z * _change_se(first, evaluation):
+        return False  # NaN rise: no; NaN standard error (sizes not logged): not tested
+    lift = evaluation.get(LIFT, math.nan) - first.get(LIFT, math.nan)
+    if not math.isnan(lift):  # measured: what choosing per puzzle added, the direct test
+        return lift < LIFT_SHARE * rise
+    beyond = evaluation.get(BEYOND, math.nan) - first.get(BEYOND, math.nan)
+    below_a_rule = evaluation[ACCURACY] < evaluation.get(BEST_TEMPLATE, -math.inf)
+    return (
+        bool(beyond < BEYOND_SHARE * rise)
+        or evaluation.get(TEMPLATES, 0.0) >= TEMPLATE_SHARE_ALARM
+        or below_a_rule
+    )
 
 
 def _change_se(first: Mapping[str, float], now: Mapping[str, float]) -> float:
