@@ -492,3 +492,28 @@ def test_fitness_rising_while_accuracy_stays_flat_is_reported(
     assert not run((0.0140, 0.0), (0.0140, 0.0)).tags  # rose by less than the spread
     # the accuracy rose with the fitness (p0 of session 5: 2.55% -> 17.4%)
     assert not run((0.05, 0.174), (0.08, 0.25), start_accuracy=0.0255).tags
+
+
+def test_an_accuracy_rise_within_its_sampling_error_is_flat(tmp_path: Path) -> None:
+    """The tiny model's countdown demo (``python -m evolm task=countdown es.sigma=0.001``): its
+    fitness, the format reward, rose 0.33 -> 0.72 while the held-out accuracy went 0 -> 1 of 32
+    puzzles, every answer the sum of the numbers, and nothing was said. 1 of 32 is under
+    RISE_Z standard errors of the change, so the accuracy counts as flat; 3 points of 2,000
+    puzzles (over shortcut_rise, many standard errors) is a rise."""
+
+    def run(accuracy: float, prompts: int) -> RunContext:
+        size = {"eval/prompts": float(prompts)}
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+        start = GenerationRecord(0, eval={"eval/accuracy_mean": 0.0} | size)
+        monitor.on_generation_end(ctx, start, None)  # type: ignore[arg-type]
+        monitor.on_generation_end(ctx, record(1, 0.05, mean=0.33), None)  # type: ignore[arg-type]
+        for g in (2, 3):
+            now = {"eval/accuracy_mean": accuracy} | size
+            monitor.on_generation_end(ctx, replace(record(g, 0.05, mean=0.72), eval=now), None)  # type: ignore[arg-type]
+        return ctx
+
+    assert run(1 / 32, 32).tags[TAG] == "accuracy_flat"
+    assert run(3 / 32, 32).tags[TAG] == "accuracy_flat"  # 9.4 points: 1.5 standard errors
+    assert TAG not in run(0.03, 2000).tags
+    assert TAG not in run(6 / 32, 32).tags  # 18.8 points, 2.5 standard errors: a rise

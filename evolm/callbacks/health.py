@@ -54,7 +54,9 @@ the first evaluation's and beyond its sampling error (above) (issue 36: with
 risen by at least the first generation's spread across members (``train/fitness_std``; a rise
 of the population mean that large is several standard errors) while the accuracy has risen by
 less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitness 0.011 ->
-0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations).
+0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations) or within its
+sampling error (the tiny model's countdown demo: 0 -> 1 of 32 puzzles while its fitness, the
+format reward, rose 0.33 -> 0.72, every answer the sum of the numbers).
 
 A run whose perturbations break the model (``noise_destroys``) is told so from the mean's reward
 on the members' own training rows (``train_mean=true``: ``train/mean/reward``,
@@ -360,8 +362,9 @@ class LearningMonitor(Callback):
         """:data:`FELL` when the held-out accuracy has fallen by ``shortcut_rise``, by half or
         more and by :data:`RISE_Z` standard errors below the first evaluation's while the
         fitness is above the first generation's;
-        :data:`FLAT` when it has risen by less than ``shortcut_rise`` while the fitness has
-        risen by the first generation's spread or more; else None."""
+        :data:`FLAT` when it has risen by less than ``shortcut_rise`` or by less than
+        :data:`RISE_Z` standard errors while the fitness has risen by the first generation's
+        spread or more; else None."""
         if self.first_eval is None or self.first is None or ACCURACY not in self.first_eval:
             return None
         start, now = self.first_eval[ACCURACY], evaluation[ACCURACY]
@@ -372,7 +375,9 @@ class LearningMonitor(Callback):
         if fall >= max(self.shortcut_rise, start / 2) and not fall < RISE_Z * se:  # NaN se: off
             return FELL
         spread = self.first.get(M.FITNESS_STD, math.nan)
-        return FLAT if now - start < self.shortcut_rise and rise >= spread else None
+        # flat: a rise under shortcut_rise or within its sampling error (NaN se: the first only)
+        flat = now - start < self.shortcut_rise or now - start < RISE_Z * se
+        return FLAT if flat and rise >= spread else None
 
     def _report_fell(
         self, ctx: RunContext, record: Record, evaluation: Mapping[str, float], condition: str
