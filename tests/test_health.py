@@ -494,7 +494,9 @@ def test_fitness_rising_while_accuracy_stays_flat_is_reported(
     assert not run((0.05, 0.174), (0.08, 0.25), start_accuracy=0.0255).tags
 
 
-def test_an_accuracy_rise_within_its_sampling_error_is_flat(tmp_path: Path) -> None:
+def test_an_accuracy_rise_within_its_sampling_error_is_flat(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The tiny model's countdown demo (``python -m evolm task=countdown es.sigma=0.001``): its
     fitness, the format reward, rose 0.33 -> 0.72 while the held-out accuracy went 0 -> 1 of 32
     puzzles, every answer the sum of the numbers, and nothing was said. 1 of 32 is under
@@ -513,7 +515,12 @@ def test_an_accuracy_rise_within_its_sampling_error_is_flat(tmp_path: Path) -> N
             monitor.on_generation_end(ctx, replace(record(g, 0.05, mean=0.72), eval=now), None)  # type: ignore[arg-type]
         return ctx
 
-    assert run(1 / 32, 32).tags[TAG] == "accuracy_flat"
+    with caplog.at_level(logging.WARNING):
+        assert run(1 / 32, 32).tags[TAG] == "accuracy_flat"
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "evolm.callbacks.health"]
+    assert "went from 0.0% to 3.1%" in warning
+    assert "a rise of 3.1%, 0.6 standard errors of 32 held-out puzzles" in warning
+    assert "task.eval_samples" in warning
     assert run(3 / 32, 32).tags[TAG] == "accuracy_flat"  # 9.4 points: 1.5 standard errors
     assert TAG not in run(0.03, 2000).tags
     assert TAG not in run(6 / 32, 32).tags  # 18.8 points, 2.5 standard errors: a rise

@@ -156,8 +156,8 @@ FELL_ADVICE = (
 FLAT_ADVICE = (
     "the population's fitness rose from {start} to {fitness} (its first generation's spread "
     "across members: {spread}) while the mean's held-out accuracy ({acc}) went from {acc_start} "
-    "to {acc_now} at {n} evaluations in a row{train}: the reward pays for something other than "
-    "solving held-out puzzles. Read the mean's completions ({samples}) and check what the "
+    "to {acc_now} at {n} evaluations in a row{train}{noise}: the reward pays for something other "
+    "than solving held-out puzzles. Read the mean's completions ({samples}) and check what the "
     "reward's other terms pay (countdown: task.format_weight, task.closeness_weight), and "
     "whether the training accuracy rose alone (memorized training puzzles)"
 )
@@ -398,6 +398,7 @@ class LearningMonitor(Callback):
             acc_now=_share(evaluation, ACCURACY),
             n=self.fell,
             train=train,
+            noise=_within_noise(first_eval, evaluation),
             samples=f"{ctx.output_dir}/samples/gen-*.jsonl",
         )
         headline = f"THIS RUN IS GAMING ITS REWARD ({ACCURACY})"
@@ -548,6 +549,18 @@ def _change_se(first: Mapping[str, float], now: Mapping[str, float]) -> float:
         p = (record[ACCURACY] * n + 1) / (n + 2)
         variance += p * (1 - p) / (n + 2)
     return math.sqrt(variance)
+
+
+def _within_noise(first: Mapping[str, float], now: Mapping[str, float]) -> str:
+    """For a flat accuracy that rose: that the rise is within the sampling error of
+    ``eval/prompts`` puzzles, and how to see a smaller one (empty otherwise)."""
+    rise, se = now.get(ACCURACY, math.nan) - first.get(ACCURACY, math.nan), _change_se(first, now)
+    if not 0 < rise < RISE_Z * se:  # NaN: nothing to say
+        return ""
+    return (
+        f" (a rise of {rise:.1%}, {rise / se:.1f} standard errors of {now[PROMPTS]:.0f} "
+        "held-out puzzles: more of them, task.eval_samples, would tell a smaller rise from none)"
+    )
 
 
 def _share(record: Mapping[str, float], name: str) -> str:
