@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.shapes import build_model
-from evolm.engine.fast.speculate import History
+from evolm.engine.fast.speculate import BITS, History
 from evolm.engine.options import LocalOptions, Tuning
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
@@ -28,6 +28,26 @@ def test_drafts_follow_the_latest_earlier_occurrence() -> None:
     short = History([])
     short.extend([4])
     assert short.draft(2) == [4, 4]
+
+
+def test_a_history_indexed_at_once_drafts_as_one_indexed_token_by_token() -> None:
+    """A row entering the tail is indexed with numpy at once (its prompt and completion so
+    far); the drafts after any later tokens are those of a history fed one token at a time."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        tokens = torch.randint(0, 5 + trial % 3 * 1000, (60 + trial,), generator=gen).tolist()
+        tokens[7] = (1 << BITS) - 1  # the largest id a key holds
+        at_once, by_token = History([]), History([])
+        at_once.extend(tokens[:50])
+        for t in tokens[:50]:
+            by_token.extend([t])
+        for i in range(50, len(tokens)):
+            assert at_once.draft(4) == by_token.draft(4), (trial, i)
+            at_once.extend([tokens[i]])
+            by_token.extend([tokens[i]])
+        assert at_once.after == by_token.after
+    with pytest.raises(ValueError, match="token ids"):
+        History([]).extend([1 << BITS])
 
 
 @pytest.fixture(scope="module")

@@ -285,7 +285,7 @@ class Scheduler:
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
         if self.speculate and greedy and forced is None:
-            spec = Speculator(self.model, self.speculate)
+            spec = Speculator(runner, self.speculate)
         tail_rows = self.speculate_rows
         if tail_rows is None:
             tail_rows = max(1, math.ceil(TAIL_SHARE * ws.slots) - 1)  # fewer than TAIL_SHARE

@@ -13,48 +13,83 @@ Drafts come from the row itself (:class:`NgramDrafter`, prompt lookup decoding):
 earlier occurrence of the row's last ``n`` tokens (``n`` = 3, 2, 1) and the tokens that followed
 it. Loops, repeated formats and a search that rewrites its candidates repeat themselves.
 
-The :class:`Speculator` runs eagerly (no CUDA graph: its shapes change every step) and syncs
-once a step (the kept tokens extend the drafter's history on the host).
+The verify forward is the decode step's own (:meth:`ModelRunner.verify_forward
+<evolm.engine.fast.runner.ModelRunner.verify_forward>`): a row's ``k + 1`` tokens are ``k + 1``
+rows of the step, each writing its K/V and attending as a decode step would, captured as CUDA
+graphs per bucket. The rest of a verify step runs eagerly and syncs once (the kept tokens
+extend the drafter's history on the host). A row's history is indexed once, with numpy, when it
+enters the tail (an H100 run's tail starts with ~600 rows of ~1,600 tokens).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
 
+import numpy as np
 import torch
 
 from evolm.engine.fast.lora import FastLora
-from evolm.engine.fast.model import FastModel
-from evolm.engine.fast.runner import Rows
-from evolm.engine.fast.workspace import Workspace
+from evolm.engine.fast.runner import ModelRunner, Rows
+from evolm.engine.fast.workspace import Workspace, bucket
 
 MAX_NGRAM = 3
+
+
+BITS = 21
+"""Bits of a token id in an n-gram's key: three ids (below 2**21) make one int64."""
+
+
+def _keys(tokens: np.ndarray, n: int) -> np.ndarray:
+    """The key of each ``n``-gram of ``tokens``, the one starting at index ``i`` at ``i``."""
+    keys = tokens[: len(tokens) - n + 1].copy()
+    for j in range(1, n):
+        keys = (keys << BITS) | tokens[j : len(tokens) - n + 1 + j]
+    return keys
+
+
+def _key(tokens: list[int]) -> int:
+    key = 0
+    for t in tokens:
+        key = (key << BITS) | t
+    return key
 
 
 @dataclass
 class History:
     """One row's tokens (prompt and completion, the current token last) and, for each n-gram
-    that ends before the last token, where the tokens after its latest occurrence start."""
+    that ends before the last token (by its key, per ``n``), where the tokens after its latest
+    occurrence start."""
 
     tokens: list[int]
-    after: dict[tuple[int, ...], int] = field(default_factory=dict)
+    after: tuple[dict[int, int], ...] = field(default_factory=lambda: ({}, {}, {}))
     indexed: int = 0  # n-grams ending before this index are in ``after``
 
     def extend(self, new: list[int]) -> None:
+        if new and not 0 <= min(new) <= max(new) < 1 << BITS:
+            raise ValueError(f"token ids must be in 0..2**{BITS}: {min(new)}..{max(new)}")
         self.tokens += new
-        toks = self.tokens
-        for end in range(self.indexed, len(toks) - 1):  # never the last token's own n-grams
+        toks, end = self.tokens, len(self.tokens) - 1  # never the last token's own n-grams
+        if end - self.indexed > 16:  # a prompt: its n-grams at once, later ones overwriting
+            base = max(0, self.indexed - MAX_NGRAM + 1)
+            arr = np.asarray(toks[base:end], dtype=np.int64)
             for n in range(1, MAX_NGRAM + 1):
-                if end - n + 1 >= 0:
-                    self.after[tuple(toks[end - n + 1 : end + 1])] = end + 1
-        self.indexed = max(self.indexed, len(toks) - 1)
+                ends = np.arange(base + n - 1, end)  # the last index of each n-gram
+                keep = ends >= self.indexed
+                keys, after = _keys(arr, n)[keep].tolist(), (ends[keep] + 1).tolist()
+                self.after[n - 1].update(zip(keys, after, strict=True))
+        else:
+            for e in range(self.indexed, end):
+                for n in range(1, min(MAX_NGRAM, e + 1) + 1):
+                    self.after[n - 1][_key(toks[e - n + 1 : e + 1])] = e + 1
+        self.indexed = max(self.indexed, end)
 
     def draft(self, k: int) -> list[int]:
         """``k`` tokens: what followed the latest earlier occurrence of the longest suffix
         found (padded with its last token), else the last token repeated."""
         toks = self.tokens
         for n in range(min(MAX_NGRAM, len(toks)), 0, -1):
-            at = self.after.get(tuple(toks[-n:]))
+            at = self.after[n - 1].get(_key(toks[-n:]))
             if at is not None:
                 cont = toks[at : at + k]
                 return cont + [cont[-1]] * (k - len(cont))
@@ -107,49 +142,57 @@ class Speculator:
     """Verify steps over a :class:`Workspace`'s active slots (see the module docstring).
 
     Args:
-        model: the fast forward.
+        runner: runs the verify forward (:meth:`ModelRunner.verify_forward`).
         k: tokens drafted per row and step.
     """
 
-    def __init__(self, model: FastModel, k: int) -> None:
-        self.model, self.k = model, k
+    def __init__(self, runner: ModelRunner, k: int) -> None:
+        self.runner, self.k = runner, k
         self.drafter = NgramDrafter()
         self.stats = SpecStats()
 
     def _histories(self, ws: Workspace, slots: list[int], rows: Rows) -> None:
         """Start the history of each slot new to the tail: its prompt and its tokens so far
-        (the current token, not yet in the cache, last)."""
+        (the current token, not yet in the cache, last); one copy to the host for all."""
         new = [s for s in slots if s not in self.drafter]
         if not new:
             return
         idx = torch.tensor(new, dtype=torch.long, device=ws.device)
-        row_of, gen_of = ws.row[idx].tolist(), ws.gen[idx].tolist()
-        for slot, row, gen in zip(new, row_of, gen_of, strict=True):
-            prompt = rows.ids[row][rows.mask[row]].tolist()
-            done = rows.out[row * rows.widest : row * rows.widest + gen].tolist()
-            self.drafter.start(slot, prompt + done)
+        row = ws.row[idx]
+        ids, mask = rows.ids[row].tolist(), rows.mask[row].tolist()
+        outs, gens = rows.out[:-1].view(-1, rows.widest)[row].tolist(), ws.gen[idx].tolist()
+        for slot, prompt, keep, done, n in zip(new, ids, mask, outs, gens, strict=True):
+            self.drafter.start(slot, list(compress(prompt, keep)) + done[:n])
 
     def step(self, ws: Workspace, slots: list[int], lora: FastLora | None, rows: Rows) -> None:
         """One verify step of the live ``slots`` (greedy rows, no forced tokens): each row's
         kept tokens into ``rows.out``, its state advanced as that many plain steps would."""
-        model, dev = self.model, ws.device
+        dev = ws.device
         self._histories(ws, slots, rows)
         sel = torch.tensor(slots, dtype=torch.long, device=dev)
         gen, budget, pos, lo = ws.gen[sel], ws.budget[sel], ws.lens[sel], ws.start[sel]
         room = int((budget - gen).min())  # tokens each row may still add: drafts never pass it
-        k = max(0, min(self.k, room - 1))
+        # ... nor do the verify rows pass the slots the planner sized the step's memory for
+        k = max(0, min(self.k, room - 1, ws.slots // len(slots) - 1))
+        width = k + 1
         drafts = [self.drafter.draft(s, k) for s in slots] if k else [[] for _ in slots]
         tokens = torch.cat(
             [ws.tok[sel][:, None], torch.tensor(drafts, dtype=torch.long, device=dev)], 1
         )
-        width = k + 1
-        offsets = torch.arange(width, device=dev)
-        rope = (pos - lo)[:, None] + offsets
-        view = None if lora is None else lora.rows(ws.member[sel].repeat_interleave(width))
-        h = model.decode_tokens(tokens, ws.cos[rope], ws.sin[rope], sel, pos, lo, ws.cache, view)
-        chosen = torch.empty(h.shape[0], dtype=torch.long, device=dev)
-        model.greedy(h, chosen, ws.scratch)
-        chosen = chosen.view(len(slots), width)
+        # row b's tokens as verify rows b * width .. b * width + k, the bucket padded with the
+        # scratch slot (writing at its position 0, in the last row's member)
+        v, n = ws.verify(width), len(slots) * width
+        size = bucket(v.capacity, n)
+        at = pos[:, None] + torch.arange(width, device=dev)
+        v.slot[n:size], v.pos[n:size], v.lo[n:size], v.tok[n:size] = ws.slots, 0, 0, 0
+        v.slot[:n] = sel.repeat_interleave(width)
+        v.pos[:n] = at.reshape(-1)
+        v.lo[:n] = lo.repeat_interleave(width)
+        v.tok[:n] = tokens.reshape(-1)
+        v.member[:n] = ws.member[sel].repeat_interleave(width)
+        v.member[n:size] = v.member[n - 1]
+        self.runner.verify_forward(ws, v, size, lora)
+        chosen = v.next[:n].view(len(slots), width)
         # drafts kept: the leading ones greedy chose; then the token greedy chose after them
         agree = (tokens[:, 1:] == chosen[:, :-1]).long().cumprod(1).sum(1)
         row, live = ws.row[sel], ~ws.done[sel]
@@ -165,8 +208,8 @@ class Speculator:
         ws.tok[sel] = torch.where(kept > 0, last, ws.tok[sel])
         ws.gen[sel], ws.lens[sel], ws.stop[sel], ws.done[sel] = gen + kept, pos + kept, state, done
         counts, picked = kept.tolist(), chosen.tolist()
-        for slot, n, toks in zip(slots, counts, picked, strict=True):
-            self.drafter.extend(slot, toks[:n])
+        for slot, n_kept, toks in zip(slots, counts, picked, strict=True):
+            self.drafter.extend(slot, toks[:n_kept])
         self.stats.steps += 1
         self.stats.drafted += k * len(slots)
         self.stats.kept += sum(counts)

@@ -16,6 +16,7 @@ workspace (and its graphs) must be rebuilt: a replaced LM-head weight or bias, o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -46,6 +47,32 @@ def buckets(slots: int) -> list[int]:
     return sorted(out)
 
 
+def bucket(capacity: int, n: int) -> int:
+    """The smallest of :func:`buckets` of ``capacity`` that holds ``n`` rows."""
+    return next(b for b in buckets(capacity) if b >= n)
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """The static buffers of speculative decoding's verify forward (:mod:`.speculate`): each
+    row's current token and drafts as ``width`` consecutive *verify rows* of the decode step,
+    verify row ``j`` living in cache row ``slot[j]``, writing its K/V at ``pos[j]`` and
+    attending over ``lo[j]..pos[j]``; ``next``: greedy's choice after each. ``width`` x
+    ``slots`` rows at most (a sixteenth bucket of that, padded with the scratch slot)."""
+
+    width: int
+    slot: Tensor
+    pos: Tensor
+    lo: Tensor
+    tok: Tensor
+    member: Tensor
+    next: Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.slot.shape[0]
+
+
 class Workspace:
     """The static slot buffers (see the module docstring)."""
 
@@ -68,7 +95,8 @@ class Workspace:
         self.next = torch.zeros(slots, dtype=torch.long, device=dev)
         self.vocab, self.dtype = model.lm_head.weight.shape[0], model.embed.dtype
         self.greedy_rows = min(slots, GREEDY_ROWS)
-        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, object]] = {}
+        self.graphs: dict[tuple[object, ...], tuple[torch.cuda.CUDAGraph, object]] = {}
+        self._verify: dict[int, VerifyRows] = {}
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self.key = graph_key(model)
 
@@ -83,11 +111,23 @@ class Workspace:
         """``[slots, vocab]`` logits for sampling (allocated at first use; greedy needs none)."""
         return torch.empty((self.slots, self.vocab), dtype=self.dtype, device=self.device)
 
+    def verify(self, width: int) -> VerifyRows:
+        """The :class:`VerifyRows` of ``width`` tokens a row (allocated at first use, kept: the
+        verify graphs bake in their addresses)."""
+        if width not in self._verify:
+            cap = self.slots * width
+
+            def z() -> Tensor:
+                return torch.zeros(cap, dtype=torch.long, device=self.device)
+
+            self._verify[width] = VerifyRows(width, z(), z(), z(), z(), z(), z())
+        return self._verify[width]
+
     def set_batch(self, active: list[int]) -> int:
         """Batch rows ``0..len(active)`` -> the active slots; the rest of the bucket (its size,
         returned) -> the scratch slot."""
         n = len(active)
-        size = next(b for b in buckets(self.slots) if b >= n)
+        size = bucket(self.slots, n)
         sel = torch.full((size,), self.slots, dtype=torch.long)
         sel[:n] = torch.tensor(active, dtype=torch.long)
         self.sel[:size].copy_(sel, non_blocking=False)
