@@ -16,7 +16,7 @@ from torch import Tensor
 from evolm.engine.fast.cudagraph import capture
 from evolm.engine.fast.lora import FastLora, FastLoraRows
 from evolm.engine.fast.model import FastModel, prefill_mask
-from evolm.engine.fast.workspace import VerifyRows, Workspace
+from evolm.engine.fast.workspace import Workspace
 from evolm.engine.sampler import next_token
 from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
@@ -201,14 +201,13 @@ class ModelRunner:
             ws.graphs[key] = (capture(run, ws.pool), lora)
         ws.graphs[key][0].replay()  # type: ignore[attr-defined]
 
-    def verify_forward(
-        self, ws: Workspace, v: VerifyRows, size: int, lora: FastLora | None
-    ) -> None:
-        """The decode forward of verify rows ``0..size`` of ``v`` (:mod:`.speculate`): greedy's
-        argmax after each in ``v.next[:size]``. The decode step's own path (fused K/V writes,
-        the slot-attention kernel, per-row LoRA members), captured per ``(width, size,
-        adapters)`` as a CUDA graph on GPUs: each verify row writes its K/V before any reads
-        (one kernel per layer), so a row's later tokens see its earlier ones."""
+    def verify_forward(self, ws: Workspace, size: int, lora: FastLora | None) -> None:
+        """The decode forward of verify rows ``0..size`` of ``ws.verify`` (:mod:`.speculate`):
+        greedy's argmax after each in ``ws.verify.next[:size]``. The decode step's own path
+        (fused K/V writes, the slot-attention kernel, per-row LoRA members), captured per
+        ``(size, adapters)`` as a CUDA graph on GPUs: each layer writes every verify row's K/V
+        before it reads any (one kernel each), so a row's later tokens see its earlier ones."""
+        v = ws.verify
 
         def run() -> None:
             slot, pos, lo = v.slot[:size], v.pos[:size], v.lo[:size]
@@ -221,7 +220,7 @@ class ModelRunner:
         if not self.graphs:
             run()
             return
-        key = ("verify", v.width, size, id(lora))  # the entry keeps ``lora`` alive
+        key = ("verify", size, id(lora))  # the entry keeps ``lora`` alive
         if key not in ws.graphs:
             ws.graphs[key] = (capture(run, ws.pool), lora)
         ws.graphs[key][0].replay()  # type: ignore[attr-defined]

@@ -44,7 +44,7 @@ from evolm.engine.fast.plan import (
     total_memory,
 )
 from evolm.engine.fast.runner import Forced, ModelRunner, Rows
-from evolm.engine.fast.speculate import Speculator
+from evolm.engine.fast.speculate import BITS, Speculator
 from evolm.engine.fast.workspace import CHECK_EVERY, Workspace, graph_key
 from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
@@ -284,8 +284,8 @@ class Scheduler:
         refill = max(1, ws.slots // 16)
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
-        if self.speculate and greedy and forced is None:
-            spec = Speculator(runner, self.speculate)
+        if self.speculate and greedy and forced is None and ws.vocab <= 1 << BITS:
+            spec = Speculator(runner, self.speculate)  # (drafts key token ids of BITS bits)
         tail_rows = self.speculate_rows
         if tail_rows is None:
             tail_rows = max(1, math.ceil(TAIL_SHARE * ws.slots) - 1)  # fewer than TAIL_SHARE

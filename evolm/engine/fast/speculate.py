@@ -28,6 +28,7 @@ from itertools import compress
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.runner import ModelRunner, Rows
@@ -172,27 +173,21 @@ class Speculator:
         sel = torch.tensor(slots, dtype=torch.long, device=dev)
         gen, budget, pos, lo = ws.gen[sel], ws.budget[sel], ws.lens[sel], ws.start[sel]
         room = int((budget - gen).min())  # tokens each row may still add: drafts never pass it
-        # ... nor do the verify rows pass the slots the planner sized the step's memory for
-        k = max(0, min(self.k, room - 1, ws.slots // len(slots) - 1))
+        k = max(0, min(self.k, room - 1, ws.slots - 1))  # a row's tokens fit one forward
         width = k + 1
         drafts = [self.drafter.draft(s, k) for s in slots] if k else [[] for _ in slots]
         tokens = torch.cat(
             [ws.tok[sel][:, None], torch.tensor(drafts, dtype=torch.long, device=dev)], 1
         )
-        # row b's tokens as verify rows b * width .. b * width + k, the bucket padded with the
-        # scratch slot (writing at its position 0, in the last row's member)
-        v, n = ws.verify(width), len(slots) * width
-        size = bucket(v.capacity, n)
         at = pos[:, None] + torch.arange(width, device=dev)
-        v.slot[n:size], v.pos[n:size], v.lo[n:size], v.tok[n:size] = ws.slots, 0, 0, 0
-        v.slot[:n] = sel.repeat_interleave(width)
-        v.pos[:n] = at.reshape(-1)
-        v.lo[:n] = lo.repeat_interleave(width)
-        v.tok[:n] = tokens.reshape(-1)
-        v.member[:n] = ws.member[sel].repeat_interleave(width)
-        v.member[n:size] = v.member[n - 1]
-        self.runner.verify_forward(ws, v, size, lora)
-        chosen = v.next[:n].view(len(slots), width)
+        member = ws.member[sel]
+        chosen = torch.empty_like(tokens)
+        per = ws.slots // width  # rows a forward: its verify rows never pass the planned slots
+        for first in range(0, len(slots), per):
+            part = slice(first, first + per)
+            chosen[part] = self._verify(
+                ws, sel[part], at[part], lo[part], tokens[part], member[part], lora
+            )
         # drafts kept: the leading ones greedy chose; then the token greedy chose after them
         agree = (tokens[:, 1:] == chosen[:, :-1]).long().cumprod(1).sum(1)
         row, live = ws.row[sel], ~ws.done[sel]
@@ -213,3 +208,30 @@ class Speculator:
         self.stats.steps += 1
         self.stats.drafted += k * len(slots)
         self.stats.kept += sum(counts)
+
+    def _verify(
+        self,
+        ws: Workspace,
+        sel: Tensor,
+        at: Tensor,
+        lo: Tensor,
+        tokens: Tensor,
+        member: Tensor,
+        lora: FastLora | None,
+    ) -> Tensor:
+        """Greedy's choice after each of ``tokens [rows, width]`` (row ``b`` in cache row
+        ``sel[b]``, token ``t`` at position ``at[b, t]``): row ``b``'s tokens are verify rows
+        ``b * width .. b * width + width - 1`` of one decode forward, padded to a bucket of the
+        slots with the scratch slot (writing at its position 0, in the last row's member)."""
+        rows, width = tokens.shape
+        v, n = ws.verify, rows * width
+        size = bucket(ws.slots, n)
+        v.slot[n:size], v.pos[n:size], v.lo[n:size], v.tok[n:size] = ws.slots, 0, 0, 0
+        v.slot[:n] = sel.repeat_interleave(width)
+        v.pos[:n] = at.reshape(-1)
+        v.lo[:n] = lo.repeat_interleave(width)
+        v.tok[:n] = tokens.reshape(-1)
+        v.member[:n] = member.repeat_interleave(width)
+        v.member[n:size] = v.member[n - 1]
+        self.runner.verify_forward(ws, size, lora)
+        return v.next[:n].view(rows, width)

@@ -54,23 +54,18 @@ def bucket(capacity: int, n: int) -> int:
 
 @dataclass(frozen=True)
 class VerifyRows:
-    """The static buffers of speculative decoding's verify forward (:mod:`.speculate`): each
-    row's current token and drafts as ``width`` consecutive *verify rows* of the decode step,
-    verify row ``j`` living in cache row ``slot[j]``, writing its K/V at ``pos[j]`` and
-    attending over ``lo[j]..pos[j]``; ``next``: greedy's choice after each. ``width`` x
-    ``slots`` rows at most (a sixteenth bucket of that, padded with the scratch slot)."""
+    """The static buffers of speculative decoding's verify forward (:mod:`.speculate`): a
+    row's current token and drafts as consecutive *verify rows* of the decode step, verify row
+    ``j`` living in cache row ``slot[j]``, writing its K/V at ``pos[j]`` and attending over
+    ``lo[j]..pos[j]``; ``next``: greedy's choice after each. As many as the slots (the rows the
+    planner sized a step's memory for)."""
 
-    width: int
     slot: Tensor
     pos: Tensor
     lo: Tensor
     tok: Tensor
     member: Tensor
     next: Tensor
-
-    @property
-    def capacity(self) -> int:
-        return self.slot.shape[0]
 
 
 class Workspace:
@@ -96,7 +91,6 @@ class Workspace:
         self.vocab, self.dtype = model.lm_head.weight.shape[0], model.embed.dtype
         self.greedy_rows = min(slots, GREEDY_ROWS)
         self.graphs: dict[tuple[object, ...], tuple[torch.cuda.CUDAGraph, object]] = {}
-        self._verify: dict[int, VerifyRows] = {}
         self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
         self.key = graph_key(model)
 
@@ -111,17 +105,15 @@ class Workspace:
         """``[slots, vocab]`` logits for sampling (allocated at first use; greedy needs none)."""
         return torch.empty((self.slots, self.vocab), dtype=self.dtype, device=self.device)
 
-    def verify(self, width: int) -> VerifyRows:
-        """The :class:`VerifyRows` of ``width`` tokens a row (allocated at first use, kept: the
-        verify graphs bake in their addresses)."""
-        if width not in self._verify:
-            cap = self.slots * width
+    @cached_property
+    def verify(self) -> VerifyRows:
+        """The :class:`VerifyRows` (allocated at first use, kept: the verify graphs bake in
+        their addresses)."""
 
-            def z() -> Tensor:
-                return torch.zeros(cap, dtype=torch.long, device=self.device)
+        def z() -> Tensor:
+            return torch.zeros(self.slots, dtype=torch.long, device=self.device)
 
-            self._verify[width] = VerifyRows(width, z(), z(), z(), z(), z(), z())
-        return self._verify[width]
+        return VerifyRows(z(), z(), z(), z(), z(), z())
 
     def set_batch(self, active: list[int]) -> int:
         """Batch rows ``0..len(active)`` -> the active slots; the rest of the bucket (its size,
