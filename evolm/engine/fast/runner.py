@@ -8,6 +8,7 @@ held.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -183,23 +184,15 @@ class ModelRunner:
         sel = ws.sel[:batch]
 
         def run() -> None:
-            pos, lo = ws.lens[sel], ws.start[sel]
-            rope = pos - lo
-            cos, sin = ws.cos[rope], ws.sin[rope]
-            view = None if lora is None else lora.rows(ws.member[sel])
-            x = self.model.decode_slots(ws.tok[sel], cos, sin, sel, pos, lo, ws.cache, view)
+            x = self._decode(
+                ws, ws.tok[sel], sel, ws.lens[sel], ws.start[sel], ws.member[sel], lora
+            )
             if greedy:
                 self.model.greedy(x, ws.next[:batch], ws.scratch)
             else:
                 self.model.logits(x, out=ws.logits[:batch])
 
-        if not self.graphs:
-            run()
-            return
-        key = (batch, id(lora), greedy)  # the entry keeps ``lora`` alive: its id is not reused
-        if key not in ws.graphs:
-            ws.graphs[key] = (capture(run, ws.pool), lora)
-        ws.graphs[key][0].replay()  # type: ignore[attr-defined]
+        self._graphed(ws, (batch, id(lora), greedy), lora, run)
 
     def verify_forward(self, ws: Workspace, size: int, lora: FastLora | None) -> None:
         """The decode forward of verify rows ``0..size`` of ``ws.verify`` (:mod:`.speculate`):
@@ -210,17 +203,40 @@ class ModelRunner:
         v = ws.verify
 
         def run() -> None:
-            slot, pos, lo = v.slot[:size], v.pos[:size], v.lo[:size]
-            rope = pos - lo
-            cos, sin = ws.cos[rope], ws.sin[rope]
-            view = None if lora is None else lora.rows(v.member[:size])
-            x = self.model.decode_slots(v.tok[:size], cos, sin, slot, pos, lo, ws.cache, view)
-            self.model.greedy(x, v.next[:size], ws.scratch)
+            part = slice(0, size)
+            x = self._decode(
+                ws, v.tok[part], v.slot[part], v.pos[part], v.lo[part], v.member[part], lora
+            )
+            self.model.greedy(x, v.next[part], ws.scratch)
 
+        self._graphed(ws, ("verify", size, id(lora)), lora, run)
+
+    def _decode(
+        self,
+        ws: Workspace,
+        tok: Tensor,
+        slot: Tensor,
+        pos: Tensor,
+        lo: Tensor,
+        member: Tensor,
+        lora: FastLora | None,
+    ) -> Tensor:
+        """:meth:`FastModel.decode_slots` of tokens ``tok`` in cache rows ``slot`` at
+        positions ``pos`` (prompts from ``lo``), of LoRA ``member`` s: final-normed states."""
+        rope = pos - lo
+        view = None if lora is None else lora.rows(member)
+        return self.model.decode_slots(
+            tok, ws.cos[rope], ws.sin[rope], slot, pos, lo, ws.cache, view
+        )
+
+    def _graphed(
+        self, ws: Workspace, key: tuple[object, ...], lora: FastLora | None, run: Callable[[], None]
+    ) -> None:
+        """``run()``: eagerly, or as the CUDA graph captured once per ``key`` on GPUs (the entry
+        keeps ``lora`` alive: its id in ``key`` is not reused)."""
         if not self.graphs:
             run()
             return
-        key = ("verify", size, id(lora))  # the entry keeps ``lora`` alive
         if key not in ws.graphs:
             ws.graphs[key] = (capture(run, ws.pool), lora)
         ws.graphs[key][0].replay()  # type: ignore[attr-defined]
