@@ -68,6 +68,7 @@ def check_speculate(engine: LocalEngine, layout: LoraLayout) -> dict[str, float]
         "equal": float(torch.equal(got, plain)),
         "spec_steps": timings.get("spec_steps", 0.0),
         "spec_kept": timings.get("spec_kept", 0.0),
+        "spec_drafted_per_row": timings.get("spec_drafted", 0.0) / timings.get("spec_rows", 1.0),
         "plain_steps": engine.last_timings["steps"],
     }
 

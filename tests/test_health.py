@@ -494,6 +494,37 @@ def test_fitness_rising_while_accuracy_stays_flat_is_reported(
     assert not run((0.05, 0.174), (0.08, 0.25), start_accuracy=0.0255).tags
 
 
+def test_the_flat_rule_weighs_the_first_spread_not_a_first_tie(tmp_path: Path) -> None:
+    """Members of generation 1 that all tie (spread 0) are no yardstick: a fitness rise is
+    weighed against the first generation whose members differ (here 0.05), from history on a
+    resume too; a run that never had a spread is not judged."""
+
+    def run(
+        rise: float, spreads: tuple[float, ...] = (0.0, 0.05), resumed: bool = False
+    ) -> RunContext:
+        monitor, ctx = LearningMonitor(), context(tmp_path)
+        before = [record(g, std, mean=0.33).as_record() for g, std in enumerate(spreads, 1)]
+        ctx.history = [{"generation": 0, "eval/accuracy_mean": 0.1}, *before] if resumed else []
+        monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+        if not resumed:
+            start = GenerationRecord(0, eval={"eval/accuracy_mean": 0.1})
+            monitor.on_generation_end(ctx, start, None)  # type: ignore[arg-type]
+            for g, std in enumerate(spreads, 1):
+                monitor.on_generation_end(ctx, record(g, std, mean=0.33), None)  # type: ignore[arg-type]
+        for g in (len(spreads) + 1, len(spreads) + 2):
+            now = {"eval/accuracy_mean": 0.1}
+            later = replace(record(g, spreads[-1], mean=0.33 + rise), eval=now)
+            monitor.on_generation_end(ctx, later, None)  # type: ignore[arg-type]
+        return ctx
+
+    assert TAG not in run(0.02).tags  # under the first spread (0.05), though over gen 1's 0
+    assert run(0.06).tags[TAG] == "accuracy_flat"
+    assert TAG not in run(0.02, resumed=True).tags
+    assert run(0.06, resumed=True).tags[TAG] == "accuracy_flat"
+    # no spread yet (every generation a tie): not judged (the ties are reported instead)
+    assert run(0.06, spreads=(0.0, 0.0)).tags[TAG] == "members_tie"
+
+
 def test_an_accuracy_rise_within_its_sampling_error_is_flat(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

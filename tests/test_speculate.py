@@ -62,7 +62,7 @@ def test_speculative_tokens_equal_plain_decoding(
     """Rows of 3 members, left-padded prompts, each row its own budget, EOS ids that end some
     rows early: the same tokens with and without verify steps, in fewer steps. With 7 slots a
     verify step of 7 rows x 5 tokens takes 7 forwards of one row's 5 (never more verify rows
-    than slots)."""
+    than slots). Every verify row drafts k tokens, a row a token short of its budget too."""
     layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
     plain = from_model(qwen, layout, fast=True, max_batch_rows=slots)
     spec = with_options(plain, Tuning(speculate_rows=1000), speculate=k)
@@ -83,6 +83,9 @@ def test_speculative_tokens_equal_plain_decoding(
     else:  # the rows past the 7 slots wait: plain steps until the queue is empty
         assert 0 < timings["spec_steps"] < timings["steps"]
     assert timings["spec_kept"] > timings["spec_steps"]  # steps that kept drafted tokens
+    # every verify row drafts k tokens, up to its last one: rows near their budgets (40, 25,
+    # 33 of 60) do not cut the others' drafts
+    assert timings["spec_drafted"] == k * timings["spec_rows"]
     pads = (want == plain.texts.pad_id).sum(1)  # after a row's EOS or budget
     early = [int(p) > 60 - b for p, b in zip(pads, budgets, strict=True)]
     assert 0 < sum(early) < len(early)  # some rows ended on an EOS, some ran to their budget

@@ -51,8 +51,9 @@ first generation's while the accuracy has fallen by ``shortcut_rise``, by half o
 the first evaluation's and beyond its sampling error (above) (issue 36: with
 ``task.blind_baseline=true`` the 1.5B stopped reasoning to collect the format reward, 2.5% ->
 0.0% in 20 generations). ``accuracy_flat``: the fitness has
-risen by at least the first generation's spread across members (``train/fitness_std``; a rise
-of the population mean that large is several standard errors) while the accuracy has risen by
+risen by at least the first spread across members of the run (``train/fitness_std`` of its
+first generation whose members did not all tie; a rise of the population mean that large is
+several standard errors) while the accuracy has risen by
 less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitness 0.011 ->
 0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations) or within its
 sampling error (the tiny model's countdown demo: 0 -> 1 of 32 puzzles while its fitness, the
@@ -154,8 +155,8 @@ FELL_ADVICE = (
     "task.blind_baseline=true it is all that a fixed answer earns)"
 )
 FLAT_ADVICE = (
-    "the population's fitness rose from {start} to {fitness} (its first generation's spread "
-    "across members: {spread}) while the mean's held-out accuracy ({acc}) went from {acc_start} "
+    "the population's fitness rose from {start} to {fitness} (its first spread across members: "
+    "{spread}) while the mean's held-out accuracy ({acc}) went from {acc_start} "
     "to {acc_now} at {n} evaluations in a row{train}{noise}: the reward pays for something other "
     "than solving held-out puzzles. Read the mean's completions ({samples}) and check what the "
     "reward's other terms pay (countdown: task.format_weight, task.closeness_weight), and "
@@ -266,6 +267,7 @@ class LearningMonitor(Callback):
         self.reported: set[str] = set()
         self.learned = 0  # generations whose members' fitness differed and the mean moved
         self.first: Record | None = None  # the run's first generation (the gaming baseline)
+        self.spread: float | None = None  # the first fitness spread across members (not a tie)
         self.first_eval: Record | None = None  # the run's first eval (the shortcut baseline)
         self.fell = 0  # evaluations in a row with the accuracy fallen and the fitness risen
         self.noise_window: list[Record] = []  # the first generations with train/mean/reward
@@ -273,6 +275,7 @@ class LearningMonitor(Callback):
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         self._reset()
         self.first = next((r for r in ctx.history if M.FITNESS_STD in r), None)
+        self.spread = next(filter(None, map(_spread, ctx.history)), None)
         self.first_eval = next((r for r in ctx.history if ACCURACY in r), None)
         if self.first_eval is None and ctx.history:  # resumed; its start was not evaluated
             self.first_eval = dict(NO_START)
@@ -290,6 +293,7 @@ class LearningMonitor(Callback):
             return  # the start's eval record
         record = generation.as_record()  # flat, as the baseline from ctx.history is
         self._check_nonfinite(record)
+        self.spread = self.spread or _spread(record)
         self._watch_noise(ctx, record)
         if generation.eval and ACCURACY in generation.eval and not self.reported & {FELL, FLAT}:
             verdict = self._paid_elsewhere(generation.eval, record)
@@ -297,7 +301,7 @@ class LearningMonitor(Callback):
             if verdict and self.fell >= FELL_EVALS:
                 self._report_fell(ctx, record, generation.eval, verdict)
         std, mean = record[M.FITNESS_STD], record[M.FITNESS_MEAN]
-        tie = math.isfinite(mean) and std <= 1e-12 * max(1.0, abs(mean))
+        tie = math.isfinite(mean) and _tie(std, mean)
         # a tie after learning is a stall (saturated or converged), not a run that never could
         stalled = tie and self.learned >= self.patience
         now = {  # members broken by the noise tie too: "raise es.sigma" would be the wrong fix
@@ -363,8 +367,8 @@ class LearningMonitor(Callback):
         more and by :data:`RISE_Z` standard errors below the first evaluation's while the
         fitness is above the first generation's;
         :data:`FLAT` when it has risen by less than ``shortcut_rise`` or by less than
-        :data:`RISE_Z` standard errors while the fitness has risen by the first generation's
-        spread or more; else None."""
+        :data:`RISE_Z` standard errors while the fitness has risen by the run's first spread
+        across members or more (none yet, every generation a tie: not judged); else None."""
         if self.first_eval is None or self.first is None or ACCURACY not in self.first_eval:
             return None
         start, now = self.first_eval[ACCURACY], evaluation[ACCURACY]
@@ -374,10 +378,9 @@ class LearningMonitor(Callback):
         fall, se = start - now, _change_se(self.first_eval, evaluation)
         if fall >= max(self.shortcut_rise, start / 2) and not fall < RISE_Z * se:  # NaN se: off
             return FELL
-        spread = self.first.get(M.FITNESS_STD, math.nan)
         # flat: a rise under shortcut_rise or within its sampling error (NaN se: the first only)
         flat = now - start < self.shortcut_rise or now - start < RISE_Z * se
-        return FLAT if flat and rise >= spread else None
+        return FLAT if flat and self.spread is not None and rise >= self.spread else None
 
     def _report_fell(
         self, ctx: RunContext, record: Record, evaluation: Mapping[str, float], condition: str
@@ -392,7 +395,7 @@ class LearningMonitor(Callback):
         message = (FELL_ADVICE if condition == FELL else FLAT_ADVICE).format(
             start=f"{first.get(M.FITNESS_MEAN, math.nan):.6g}",
             fitness=f"{record[M.FITNESS_MEAN]:.6g}",
-            spread=f"{first.get(M.FITNESS_STD, math.nan):.6g}",
+            spread=f"{self.spread if self.spread is not None else math.nan:.6g}",
             acc=ACCURACY,
             acc_start=_share(first_eval, ACCURACY),
             acc_now=_share(evaluation, ACCURACY),
@@ -530,6 +533,20 @@ def learned_a_shortcut(
         or evaluation.get(TEMPLATES, 0.0) >= TEMPLATE_SHARE_ALARM
         or below_a_rule
     )
+
+
+def _tie(std: float, mean: float) -> bool:
+    """Members whose fitness all tie: a spread of none, or rounding's."""
+    return std <= 1e-12 * max(1.0, abs(mean))
+
+
+def _spread(record: Record) -> float | None:
+    """A generation's fitness spread across members (``train/fitness_std``); None for a tie,
+    a non-finite one, or a record without it."""
+    std, mean = record.get(M.FITNESS_STD, math.nan), record.get(M.FITNESS_MEAN, math.nan)
+    if not (math.isfinite(std) and math.isfinite(mean)) or _tie(std, mean):
+        return None
+    return float(std)
 
 
 def _change_se(first: Mapping[str, float], now: Mapping[str, float]) -> float:

@@ -256,7 +256,10 @@ class Scheduler:
             raise ValueError("one budget >= 1 per row")
         greedy = sampling.temperature == 0
         widest = max(budgets)
-        ws = self.prepare(rows, length + widest, greedy, lora)
+        drafts = self.speculate if greedy and forced is None else 0
+        # k positions past the widest budget: a verify step's drafts of a row near its budget
+        # land in its own slot (never kept), so the other rows keep drafting k tokens
+        ws = self.prepare(rows, length + widest + drafts, greedy, lora)
         dev, runner = self.device, self.runner
         members = (
             torch.zeros(rows, dtype=torch.long, device=dev) if member is None else member.to(dev)
@@ -284,7 +287,7 @@ class Scheduler:
         refill = max(1, ws.slots // 16)
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
-        if self.speculate and greedy and forced is None and ws.vocab <= 1 << BITS:
+        if drafts and ws.vocab <= 1 << BITS:
             spec = Speculator(runner, self.speculate)  # (drafts key token ids of BITS bits)
         tail_rows = self.speculate_rows
         if tail_rows is None:

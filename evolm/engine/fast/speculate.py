@@ -3,11 +3,11 @@
 A generation's last decode steps serve a few long rows: the batch is tiny, the GPU waits on
 latency, and those steps took most of the decode time on the real workload (issue 37: ~1,056
 steps a generation where rows average 58 tokens). There, each step instead feeds a row its
-current token plus ``k`` drafted tokens in one forward (:meth:`FastModel.decode_tokens
-<evolm.engine.fast.model.FastModel.decode_tokens>`) and keeps the longest prefix of drafts that
-greedy decoding would have chosen, plus the token after it: 1 to ``k + 1`` tokens a step, the
-same tokens as plain greedy decoding (each kept token is the argmax after exactly the tokens
-before it).
+current token plus ``k`` drafted tokens in one forward and keeps the longest prefix of drafts
+that greedy decoding would have chosen, plus the token after it: 1 to ``k + 1`` tokens a step,
+the same tokens as plain greedy decoding (each kept token is the argmax after exactly the tokens
+before it). Every slot has ``k`` cache positions past the widest budget, so every row drafts
+``k`` tokens up to its last one (those past its budget are never kept).
 
 Drafts come from the row itself (:class:`NgramDrafter`, prompt lookup decoding): the latest
 earlier occurrence of the row's last ``n`` tokens (``n`` = 3, 2, 1) and the tokens that followed
@@ -126,6 +126,7 @@ class SpecStats:
     """Verify steps, and the tokens they drafted and kept (``time/engine_spec_*``)."""
 
     steps: int = 0
+    rows: int = 0
     drafted: int = 0
     kept: int = 0
 
@@ -134,6 +135,7 @@ class SpecStats:
             return {}
         return {
             "spec_steps": float(self.steps),
+            "spec_rows": float(self.rows),  # rows of all verify steps
             "spec_drafted": float(self.drafted),
             "spec_kept": float(self.kept),  # tokens a verify step produced, the bonus included
         }
@@ -172,8 +174,11 @@ class Speculator:
         self._histories(ws, slots, rows)
         sel = torch.tensor(slots, dtype=torch.long, device=dev)
         gen, budget, pos, lo = ws.gen[sel], ws.budget[sel], ws.lens[sel], ws.start[sel]
-        room = int((budget - gen).min())  # tokens each row may still add: drafts never pass it
-        k = max(0, min(self.k, room - 1, ws.slots - 1))  # a row's tokens fit one forward
+        # a row's k + 1 tokens fit its slot (the scheduler plans k positions past every
+        # budget, so a row near its budget keeps the others' k: tokens past a budget are never
+        # kept) and one forward
+        fits = int((ws.positions - pos).min())
+        k = max(0, min(self.k, fits - 1, ws.slots - 1))
         width = k + 1
         drafts = [self.drafter.draft(s, k) for s in slots] if k else [[] for _ in slots]
         tokens = torch.cat(
@@ -206,6 +211,7 @@ class Speculator:
         for slot, n_kept, toks in zip(slots, counts, picked, strict=True):
             self.drafter.extend(slot, toks[:n_kept])
         self.stats.steps += 1
+        self.stats.rows += len(slots)
         self.stats.drafted += k * len(slots)
         self.stats.kept += sum(counts)
 
