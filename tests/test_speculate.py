@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.shapes import build_model
-from evolm.engine.fast.speculate import BITS, History
+from evolm.engine.fast.speculate import ngram_drafts
 from evolm.engine.options import LocalOptions, Tuning
 from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
@@ -17,37 +17,49 @@ from evolm.sampling import Sampling
 from tests.test_fastpath import left_padded, population
 
 
+def reference_drafts(tokens: list[int], k: int) -> list[int]:
+    """The drafting rule, token by token: what followed the latest occurrence of the longest
+    suffix (3, 2, 1 tokens) that ends before the last token, padded with the last token;
+    none: the last token repeated."""
+    last = len(tokens) - 1
+    for n in range(min(3, len(tokens)), 0, -1):
+        for end in range(last - 1, n - 2, -1):
+            if tokens[end - n + 1 : end + 1] == tokens[-n:]:
+                cont = tokens[end + 1 : end + 1 + k]
+                return cont + [tokens[-1]] * (k - len(cont))
+    return [tokens[-1]] * k
+
+
+def drafts_of(rows: list[list[int]], k: int, width: int, pad: int = 0) -> list[list[int]]:
+    """:func:`ngram_drafts` of ``rows`` left-padded to ``width`` with ``pad`` (not theirs)."""
+    seq = torch.full((len(rows), width), pad)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        seq[i, width - len(r) :], valid[i, width - len(r) :] = torch.tensor(r), True
+    return ngram_drafts(seq, valid, torch.full((len(rows),), width - 1), k).tolist()
+
+
 def test_drafts_follow_the_latest_earlier_occurrence() -> None:
-    h = History([])
-    h.extend([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3])
-    assert h.draft(3) == [7, 1, 2]  # after the latest earlier "1 2 3", not the 3-gram at the end
-    h.extend([5])  # "5" never seen before: nothing to follow, the last token repeated
-    assert h.draft(2) == [5, 5]
-    h.extend([2, 3])  # "2 3" last seen before 5; its continuation runs out: padded
-    assert h.draft(4) == [5, 2, 3, 3]
-    short = History([])
-    short.extend([4])
-    assert short.draft(2) == [4, 4]
+    [latest] = drafts_of([[1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3]], 3, 11)
+    assert latest == [7, 1, 2]  # after the latest earlier "1 2 3", not the 3-gram at the end
+    [unseen] = drafts_of([[1, 2, 3, 9, 5]], 2, 8)
+    assert unseen == [5, 5]  # "5" never seen before: the last token repeated
+    # "2 3" last seen before 5; its continuation runs into the last token: padded with it
+    [runs_out] = drafts_of([[1, 2, 3, 5, 2, 3]], 4, 6)
+    assert runs_out == [5, 2, 3, 3]
+    assert drafts_of([[4]], 2, 3) == [[4, 4]]  # one token, the padding never matched
 
 
-def test_a_history_indexed_at_once_drafts_as_one_indexed_token_by_token() -> None:
-    """A row entering the tail is indexed with numpy at once (its prompt and completion so
-    far); the drafts after any later tokens are those of a history fed one token at a time."""
+def test_drafts_on_the_device_follow_the_rule_token_by_token() -> None:
+    """Rows of any length, left-padded (the padding token also occurs in the rows), few
+    distinct tokens (many matches) or many (few): the drafts of the rule above."""
     gen = torch.Generator().manual_seed(0)
-    for trial in range(40):
-        tokens = torch.randint(0, 5 + trial % 3 * 1000, (60 + trial,), generator=gen).tolist()
-        tokens[7] = (1 << BITS) - 1  # the largest id a key holds
-        at_once, by_token = History([]), History([])
-        at_once.extend(tokens[:50])
-        for t in tokens[:50]:
-            by_token.extend([t])
-        for i in range(50, len(tokens)):
-            assert at_once.draft(4) == by_token.draft(4), (trial, i)
-            at_once.extend([tokens[i]])
-            by_token.extend([tokens[i]])
-        assert at_once.after == by_token.after
-    with pytest.raises(ValueError, match="token ids"):
-        History([]).extend([1 << BITS])
+    for trial in range(30):
+        vocab, k = (3, 5, 50)[trial % 3], 1 + trial % 5
+        lengths = torch.randint(1, 40, (6,), generator=gen).tolist()
+        rows = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+        want = [reference_drafts(r, k) for r in rows]
+        assert drafts_of(rows, k, 45, pad=1) == want, trial
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,14 @@ import pytest
 pytest.importorskip("triton")
 
 
-@pytest.mark.slow  # 7 minutes on one core of a CI machine: `make test-all`; GPUs run it compiled
+@pytest.mark.slow  # 7-10 minutes on one core of a CI machine: `make test-all`; GPUs run it compiled
 def test_triton_fast_path_equals_hf_interpreted() -> None:
     """Every kernel against torch, then prefill + decode in Triton mode (residual add + RMSNorm,
     RoPE and SiLU kernels with the LoRA fused in; u from the weights' spare rows) against the
     HF model with MultiLoraLinear: the same <= 1e-4 as the eager fast path. Continuous
     batching's kernel variants give the eager path's greedy tokens. Then the same on a
     SmolLM2-shaped Llama (no q/k/v bias, tied embeddings, 3 query heads per KV head)."""
-    out = run_interpreted()
+    out = run_interpreted(timeout=1800)  # 578 s on the developers' 2-core machine (2026-12)
     for key in ("lora_16", "base_16", "lora_3", "base_3", "llama_lora"):
         assert out[key] <= 1e-4, (key, out)
     hidden_qkv = 128 + 2 * 64  # tiny model: q 128, k and v 64 each
@@ -48,14 +48,18 @@ def assert_speculation_exact(spec: dict[str, float]) -> None:
     assert spec["spec_drafted_per_row"] == 3.0, spec  # k = 3 for every row, near its budget too
 
 
-def run_interpreted(*args: str) -> dict:
+def run_interpreted(*args: str, timeout: float = 600) -> dict:
     """``interpreted_triton.py`` in a subprocess with ``TRITON_INTERPRET=1``: its JSON line."""
     script = Path(__file__).with_name("interpreted_triton.py")
     root = str(script.parents[1])  # the script imports benchmarks/ (not installed)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run(
-        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -71,9 +71,9 @@ class LocalOptions:
         speculate: tokens drafted per row in the verify steps that replace the decode steps in
             a generation's tail (the queue empty, under a tenth of the slots busy), for greedy
             rows on the fast path: the same tokens as plain decoding, fewer steps where rows
-            repeat themselves (:mod:`evolm.engine.fast.speculate`; vocabularies of up to 2**21
-            tokens, larger ones decode plainly). 0: off (the default: on an H100 the eager
-            verify step was 3.3x slower, docs/benchmarks.md; its graphed one is not measured).
+            repeat themselves (:mod:`evolm.engine.fast.speculate`). 0: off (the default: on
+            an H100 the eager verify step was 3.3x slower, and the graphed one 4% slower on a
+            short tail, docs/benchmarks.md; not yet measured on a long one).
     """
 
     device: str = "auto"

@@ -44,7 +44,7 @@ from evolm.engine.fast.plan import (
     total_memory,
 )
 from evolm.engine.fast.runner import Forced, ModelRunner, Rows
-from evolm.engine.fast.speculate import BITS, Speculator
+from evolm.engine.fast.speculate import Speculator
 from evolm.engine.fast.workspace import CHECK_EVERY, Workspace, graph_key
 from evolm.engine.stops import StopTable
 from evolm.sampling import Sampling
@@ -287,8 +287,8 @@ class Scheduler:
         refill = max(1, ws.slots // 16)
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
-        if drafts and ws.vocab <= 1 << BITS:
-            spec = Speculator(runner, self.speculate)  # (drafts key token ids of BITS bits)
+        if drafts:
+            spec = Speculator(runner, self.speculate)
         tail_rows = self.speculate_rows
         if tail_rows is None:
             tail_rows = max(1, math.ceil(TAIL_SHARE * ws.slots) - 1)  # fewer than TAIL_SHARE
@@ -325,9 +325,6 @@ class Scheduler:
                 free += finished
                 active = [s for s, d in zip(active, done, strict=True) if not d]
                 batch = ws.set_batch(active) if active else 0
-                if spec is not None:
-                    for slot in finished:
-                        spec.drafter.drop(slot)
                 if retired is not None:
                     retired([slot_row[s] for s in finished], tokens)
         self.last_timings = stats.timings() | ({} if spec is None else spec.stats.timings())
