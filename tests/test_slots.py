@@ -353,6 +353,24 @@ def test_planner_errors_name_the_keys_and_numbers() -> None:
     assert err.value.key == "server.max_batch_rows" and "or null" in str(err.value)
 
 
+def test_a_cpu_plan_that_outgrows_the_host_names_max_batch_rows() -> None:
+    """On a CPU every row gets a slot (the count never follows the free memory, so a config
+    decodes alike on every machine); slots that do not fit the host's memory are refused with
+    a value of server.max_batch_rows that does (the 0.5B's 2,400 eval rows asked a 24 GB
+    machine for 40 GB)."""
+    host = (22 * GiB, 24 * GiB)  # 2 GiB in use
+    unchecked = plan_slots(QWEN05, 2400, 1408, True, CHUNK, 0.9, None, None)
+    assert unchecked.slots == 2400  # no host given: every row
+    with pytest.raises(ConfigError) as err:
+        plan_slots(QWEN05, 2400, 1408, True, CHUNK, 0.9, None, None, host)
+    fit = (int(0.9 * 24 * GiB) - 2 * GiB - unchecked.fixed) // unchecked.per_slot
+    assert err.value.key == "server.max_batch_rows"
+    assert f"server.max_batch_rows={fit} or fewer" in str(err.value)
+    assert 0 < fit < 2400
+    assert plan_slots(QWEN05, 2400, 1408, True, CHUNK, 0.9, fit, None, host).slots == fit
+    assert plan_slots(QWEN05, 40, 1408, True, CHUNK, 0.9, None, None, host).slots == 40
+
+
 def test_buckets_cover_every_batch() -> None:
     for slots in (1, 3, 16, 100, 2000):
         b = buckets(slots)

@@ -45,9 +45,11 @@ class LocalOptions:
         device: ``auto`` (CUDA if available), ``cpu``, ``cuda``, ``cuda:1``...
         dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``float32``, ``bfloat16``, ``float16``.
         max_batch_rows: at most this many rows decode at once (``None``: as many as fit in
-            memory; the HF path: chunks of whole members of at most this many rows).
+            a GPU's memory; on a CPU every row, refused when they would not fit the host's;
+            the HF path: chunks of whole members of at most this many rows).
         gpu_memory_utilization: share of the GPU's memory the engine may fill (weights,
-            adapters, KV cache, activations); the slot count follows from it.
+            adapters, KV cache, activations); the slot count follows from it. On a CPU: the
+            share of the host's memory the slots may fill.
         batching: ``continuous`` (slots refilled as rows finish; the only value: the older
             ``waves`` was removed, see :data:`evolm.engine.options.WAVES_REMOVED`).
         kv_cache_dtype: ``auto`` (the model's dtype) or ``fp8`` (e4m3, GPUs of compute

@@ -14,12 +14,20 @@ buffers, other processes), measured once the model and adapters are resident::
 
 When not even one slot fits, :func:`plan_slots` raises one :class:`ConfigError` naming the keys
 that fix it and the numbers, instead of a CUDA out-of-memory error halfway through a run.
+
+On a CPU every row gets a slot (capped by ``max_batch_rows``): the slot count is never taken
+from the machine's free memory, which varies, so the same config decodes in the same batches
+on every machine. When those slots do not fit in ``gpu_memory_utilization`` of the host's memory
+(:func:`host_memory`), :func:`plan_slots` raises a :class:`ConfigError` naming
+``server.max_batch_rows`` and a value that fits (the 0.5B's countdown eval, 2,400 rows of
+~1,400 positions in fp32, asked a 24 GB machine for 40 GB and died in the allocator).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import psutil
 import torch
 
 from evolm.engine.fast.workspace import GREEDY_ROWS, MiB
@@ -103,13 +111,14 @@ def plan_slots(
     utilization: float,
     max_rows: int | None,
     memory: tuple[int, int] | None,
+    host: tuple[int, int] | None = None,
 ) -> SlotPlan:
     """Slots for ``rows`` rows of ``positions`` cache positions each, beside a prefill chunk of
     ``chunk_tokens`` tokens (:func:`prefill_tokens`).
 
     ``memory``: ``(available, total)`` device bytes, ``available`` counting memory the caching
-    allocator holds but does not use (None: a CPU, no budget: every row, capped by
-    ``max_rows``)."""
+    allocator holds but does not use (None: a CPU: every row, capped by ``max_rows``, checked
+    against ``host``, the host's ``(available, total)`` bytes, when given)."""
     cap = rows if max_rows is None else min(rows, max_rows)
     kv_item = shape.kv_itemsize or shape.itemsize
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * kv_item
@@ -120,6 +129,8 @@ def plan_slots(
     prefill = chunk_tokens * activation_bytes(replace(shape, lora_cols=0))
     fixed = prefill + greedy_block + MARGIN
     if memory is None:
+        if host is not None:
+            _check_host(cap, per_slot, fixed, utilization, host)
         return SlotPlan(cap, positions, per_slot, fixed, 0, 0)
     available, total = memory
     used = total - available
@@ -148,6 +159,33 @@ def plan_slots(
             f"set server.max_batch_rows <= {fit}, or null to use as many as fit",
         )
     return SlotPlan(min(cap, fit), positions, per_slot, fixed, budget, total)
+
+
+def _check_host(
+    slots: int, per_slot: int, fixed: int, utilization: float, host: tuple[int, int]
+) -> None:
+    """A CPU's ``slots`` must fit in ``utilization`` of the host's memory, less what is in
+    use (the weights among it)."""
+    available, total = host
+    budget = int(utilization * total) - (total - available) - fixed
+    fit = max(0, budget // per_slot)
+    if slots <= fit:
+        return
+    raise ConfigError(
+        "server.max_batch_rows",
+        f"on this CPU, {slots} rows decoding at once need {slots * per_slot / GiB:.1f} GiB "
+        f"({per_slot / MiB:.1f} MiB a row: its KV cache and activations); "
+        f"server.gpu_memory_utilization={utilization} of this machine's {total / GiB:.1f} GiB, "
+        f"{available / GiB:.1f} GiB of it free, holds {max(fit, 0)}",
+        f"set server.max_batch_rows={max(fit, 1)} or fewer (a fixed value decodes alike on "
+        "every machine), or lower task.max_new_tokens",
+    )
+
+
+def host_memory() -> tuple[int, int]:
+    """``(available, total)`` bytes of this machine's memory (a CPU engine's budget)."""
+    memory = psutil.virtual_memory()
+    return memory.available, memory.total
 
 
 def total_memory(device: torch.device) -> int:

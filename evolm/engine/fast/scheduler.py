@@ -39,6 +39,7 @@ from evolm.engine.fast.plan import (
     Shape,
     SlotPlan,
     device_memory,
+    host_memory,
     plan_slots,
     prefill_tokens,
     total_memory,
@@ -213,6 +214,7 @@ class Scheduler:
             self.utilization,
             self.max_rows,
             device_memory(self.device),
+            None if self.device.type == "cuda" else host_memory(),
         )
         try:
             ws = Workspace(self.model, plan.slots, positions, self.kv_dtype)
