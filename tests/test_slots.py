@@ -15,8 +15,16 @@ from transformers import AutoConfig
 from benchmarks.harness import from_model, generate_ids, with_options
 from evolm.engine.backend import TokenRequest
 from evolm.engine.fast.model import to_cache
-from evolm.engine.fast.plan import GiB, Shape, activation_bytes, plan_slots, prefill_tokens
-from evolm.engine.fast.workspace import buckets
+from evolm.engine.fast.plan import (
+    MARGIN,
+    GiB,
+    Shape,
+    activation_bytes,
+    host_memory,
+    plan_slots,
+    prefill_tokens,
+)
+from evolm.engine.fast.workspace import MiB, buckets
 from evolm.engine.local import LocalEngine
 from evolm.engine.texts import RowDecoder
 from evolm.errors import ConfigError
@@ -355,20 +363,32 @@ def test_planner_errors_name_the_keys_and_numbers() -> None:
 
 def test_a_cpu_plan_that_outgrows_the_host_names_max_batch_rows() -> None:
     """On a CPU every row gets a slot (the count never follows the free memory, so a config
-    decodes alike on every machine); slots that do not fit the host's memory are refused with
-    a value of server.max_batch_rows that does (the 0.5B's 2,400 eval rows asked a 24 GB
-    machine for 40 GB)."""
-    host = (22 * GiB, 24 * GiB)  # 2 GiB in use
+    decodes alike on every machine); slots that do not fit the memory free now are refused
+    with a value of server.max_batch_rows that does (the 0.5B's 2,000 eval rows asked a 24 GB
+    machine for 74 GiB), and a row that cannot fit at all names task.max_new_tokens."""
+    host = (22 * GiB, 24 * GiB)
     unchecked = plan_slots(QWEN05, 2400, 1408, True, CHUNK, 0.9, None, None)
     assert unchecked.slots == 2400  # no host given: every row
     with pytest.raises(ConfigError) as err:
         plan_slots(QWEN05, 2400, 1408, True, CHUNK, 0.9, None, None, host)
-    fit = (int(0.9 * 24 * GiB) - 2 * GiB - unchecked.fixed) // unchecked.per_slot
+    fit = (22 * GiB - (unchecked.fixed - MARGIN)) // unchecked.per_slot  # no graphs on a CPU
     assert err.value.key == "server.max_batch_rows"
+    assert f"{fit} rows fit" in str(err.value)
     assert f"server.max_batch_rows={fit} or fewer" in str(err.value)
     assert 0 < fit < 2400
     assert plan_slots(QWEN05, 2400, 1408, True, CHUNK, 0.9, fit, None, host).slots == fit
     assert plan_slots(QWEN05, 40, 1408, True, CHUNK, 0.9, None, None, host).slots == 40
+    with pytest.raises(ConfigError) as err:
+        plan_slots(QWEN05, 40, 1408, True, CHUNK, 0.9, None, None, (100 * MiB, 8 * GiB))
+    assert err.value.key == "task.max_new_tokens" and "not even one row" in str(err.value)
+
+
+def test_host_memory_is_shared_by_the_ranks_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    alone, total = host_memory()
+    assert 0 < alone <= total
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    shared, _ = host_memory()
+    assert shared <= alone // 4 + alone // 20  # the free memory moves a little between reads
 
 
 def test_buckets_cover_every_batch() -> None:

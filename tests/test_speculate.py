@@ -103,6 +103,32 @@ def test_speculative_tokens_equal_plain_decoding(
     assert 0 < sum(early) < len(early)  # some rows ended on an EOS, some ran to their budget
 
 
+@pytest.mark.parametrize(("k", "slots"), [(4, None), (6, 3), (4, 1)])
+def test_rows_at_a_full_cache_draft_into_the_planned_spare_positions(
+    qwen: torch.nn.Module, k: int, slots: int | None
+) -> None:
+    """Prompt width + widest budget = 64, a multiple of the cache's 16-position rounding: only
+    the k positions planned past the widest budget hold the drafts of a row at its budget
+    (without them: an index past the cache). The same tokens; one slot never speculates."""
+    layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
+    ids, mask = left_padded(4, 7, qwen.config.vocab_size, seed=4)
+    widest = 64 - ids.shape[1]
+    plain = from_model(qwen, layout, fast=True, max_batch_rows=slots)
+    spec = with_options(plain, Tuning(speculate_rows=1000), speculate=k)
+    pop = population(layout, 3)
+    rows, masks = ids.repeat(3, 1), mask.repeat(3, 1)
+    budgets, sampling = [widest, widest - 1, widest - 7, 3] * 3, Sampling(max_new_tokens=widest)
+    want = generate_ids(plain, rows, masks, pop, sampling, budgets=budgets, eos_ids=[])
+    got = generate_ids(spec, rows, masks, pop, sampling, budgets=budgets, eos_ids=[])
+    assert torch.equal(got, want)
+    timings = spec.last_timings
+    if slots == 1:
+        assert "spec_steps" not in timings
+    else:  # a row's k + 1 tokens fit one forward: k <= slots - 1
+        drafts = k if slots is None else min(k, slots - 1)
+        assert timings["spec_drafted"] == drafts * timings["spec_rows"] > 0
+
+
 def test_sampled_rows_and_the_queue_decode_plainly(qwen: torch.nn.Module) -> None:
     """Temperature > 0 never speculates; greedy rows wait for the tail (the queue empty)."""
     layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))

@@ -48,8 +48,7 @@ class LocalOptions:
             a GPU's memory; on a CPU every row, refused when they would not fit the host's;
             the HF path: chunks of whole members of at most this many rows).
         gpu_memory_utilization: share of the GPU's memory the engine may fill (weights,
-            adapters, KV cache, activations); the slot count follows from it. On a CPU: the
-            share of the host's memory the slots may fill.
+            adapters, KV cache, activations); the slot count follows from it (not on a CPU).
         batching: ``continuous`` (slots refilled as rows finish; the only value: the older
             ``waves`` was removed, see :data:`evolm.engine.options.WAVES_REMOVED`).
         kv_cache_dtype: ``auto`` (the model's dtype) or ``fp8`` (e4m3, GPUs of compute

@@ -17,15 +17,19 @@ that fix it and the numbers, instead of a CUDA out-of-memory error halfway throu
 
 On a CPU every row gets a slot (capped by ``max_batch_rows``): the slot count is never taken
 from the machine's free memory, which varies, so the same config decodes in the same batches
-on every machine. When those slots do not fit in ``gpu_memory_utilization`` of the host's memory
-(:func:`host_memory`), :func:`plan_slots` raises a :class:`ConfigError` naming
-``server.max_batch_rows`` and a value that fits (the 0.5B's countdown eval, 2,400 rows of
-~1,400 positions in fp32, asked a 24 GB machine for 40 GB and died in the allocator).
+on every machine. When those slots, their prefill chunk and greedy's logit block would not fit
+in the memory free now (:func:`host_memory`: the machine's, or its container's limit, shared by
+the ranks on it), :func:`plan_slots` raises a :class:`ConfigError` naming
+``server.max_batch_rows`` and a value that fits, instead of an allocator failure or the
+kernel's OOM killer (the 0.5B's countdown eval on a 24 GB machine: 2,000 rows of 1,408
+positions in fp32, 74 GiB).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import psutil
 import torch
@@ -129,8 +133,8 @@ def plan_slots(
     prefill = chunk_tokens * activation_bytes(replace(shape, lora_cols=0))
     fixed = prefill + greedy_block + MARGIN
     if memory is None:
-        if host is not None:
-            _check_host(cap, per_slot, fixed, utilization, host)
+        if host is not None:  # no CUDA graphs, no margin: what a CPU allocates
+            _check_host(cap, per_slot, prefill + greedy_block, host, shape)
         return SlotPlan(cap, positions, per_slot, fixed, 0, 0)
     available, total = memory
     used = total - available
@@ -161,31 +165,54 @@ def plan_slots(
     return SlotPlan(min(cap, fit), positions, per_slot, fixed, budget, total)
 
 
-def _check_host(
-    slots: int, per_slot: int, fixed: int, utilization: float, host: tuple[int, int]
-) -> None:
-    """A CPU's ``slots`` must fit in ``utilization`` of the host's memory, less what is in
-    use (the weights among it)."""
+def _check_host(slots: int, per_slot: int, fixed: int, host: tuple[int, int], shape: Shape) -> None:
+    """A CPU's ``slots`` (and ``fixed`` bytes beside them) must fit in ``host``'s available
+    bytes: what would not is refused, naming the key that fixes it."""
     available, total = host
-    budget = int(utilization * total) - (total - available) - fixed
-    fit = max(0, budget // per_slot)
+    fit = (available - fixed) // per_slot
     if slots <= fit:
         return
+    need = f"{slots} rows decoding at once need {(slots * per_slot + fixed) / GiB:.1f} GiB"
+    where = f"this machine has {available / GiB:.1f} GiB of {total / GiB:.1f} free"
+    if fit < 1:
+        raise ConfigError(
+            "task.max_new_tokens",
+            f"on this CPU, {need} ({per_slot / MiB:.1f} MiB a row: {shape.name}'s KV cache "
+            f"and activations in {shape.dtype}, plus {fixed / MiB:.0f} MiB of prefill and "
+            f"logits); {where}: not even one row fits",
+            "lower task.max_new_tokens (or the prompt length), free memory, or use a smaller "
+            "model or dtype",
+        )
     raise ConfigError(
         "server.max_batch_rows",
-        f"on this CPU, {slots} rows decoding at once need {slots * per_slot / GiB:.1f} GiB "
-        f"({per_slot / MiB:.1f} MiB a row: its KV cache and activations); "
-        f"server.gpu_memory_utilization={utilization} of this machine's {total / GiB:.1f} GiB, "
-        f"{available / GiB:.1f} GiB of it free, holds {max(fit, 0)}",
-        f"set server.max_batch_rows={max(fit, 1)} or fewer (a fixed value decodes alike on "
-        "every machine), or lower task.max_new_tokens",
+        f"on this CPU, {need} ({per_slot / MiB:.1f} MiB a row: its KV cache and activations); "
+        f"{where}: {fit} rows fit",
+        f"set server.max_batch_rows={fit} or fewer (a fixed value decodes alike on every "
+        "machine), or lower task.max_new_tokens",
     )
 
 
+def _cgroup_free() -> int | None:
+    """Bytes left under this process's cgroup (v2) memory limit; None without one."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(0, int(limit) - used)
+
+
 def host_memory() -> tuple[int, int]:
-    """``(available, total)`` bytes of this machine's memory (a CPU engine's budget)."""
+    """``(available, total)`` bytes of this machine's memory for one rank's CPU engine: the
+    machine's available memory, or its container's if less, split among the ranks that
+    ``torchrun`` started on it (``LOCAL_WORLD_SIZE``)."""
     memory = psutil.virtual_memory()
-    return memory.available, memory.total
+    available = memory.available
+    cgroup = _cgroup_free()
+    if cgroup is not None:
+        available = min(available, cgroup)
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return available // ranks, memory.total
 
 
 def total_memory(device: torch.device) -> int:

@@ -289,7 +289,7 @@ class Scheduler:
         refill = max(1, ws.slots // 16)
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
-        if drafts:
+        if drafts and ws.slots > 1:  # one slot: no room for a row's drafts in a forward
             spec = Speculator(runner, self.speculate)
         tail_rows = self.speculate_rows
         if tail_rows is None:
