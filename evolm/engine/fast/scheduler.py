@@ -289,8 +289,8 @@ class Scheduler:
         refill = max(1, ws.slots // 16)
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
-        if drafts and ws.slots > 1:  # one slot: no room for a row's drafts in a forward
-            spec = Speculator(runner, self.speculate)
+        if drafts and ws.slots > 1:  # a row's k + 1 tokens fit one forward of the slots
+            spec = Speculator(runner, min(drafts, ws.slots - 1))
         tail_rows = self.speculate_rows
         if tail_rows is None:
             tail_rows = max(1, math.ceil(TAIL_SHARE * ws.slots) - 1)  # fewer than TAIL_SHARE

@@ -85,7 +85,9 @@ class Speculator:
 
     Args:
         runner: runs the verify forward (:meth:`ModelRunner.verify_forward`).
-        k: tokens drafted per row and step.
+        k: tokens drafted per row and step, at most the workspace's slots - 1 (a row's
+            ``k + 1`` tokens fit one forward; the scheduler plans ``k`` cache positions past
+            the widest budget, and tokens past a row's budget are never kept).
     """
 
     def __init__(self, runner: ModelRunner, k: int) -> None:
@@ -109,9 +111,7 @@ class Speculator:
         dev = ws.device
         sel = torch.tensor(slots, dtype=torch.long, device=dev)
         gen, budget, pos, lo = ws.gen[sel], ws.budget[sel], ws.lens[sel], ws.start[sel]
-        # a row's k + 1 tokens fit one forward, and its slot: the scheduler plans k positions
-        # past the widest budget (tokens past a row's budget are never kept)
-        k = max(0, min(self.k, ws.slots - 1))
+        k = self.k
         width = k + 1
         tokens = torch.cat([ws.tok[sel][:, None], self._drafts(ws, sel, gen, rows, k)], 1)
         at = pos[:, None] + torch.arange(width, device=dev)
