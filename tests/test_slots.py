@@ -309,6 +309,20 @@ def test_planner_sizes_slots_from_free_memory() -> None:
     assert 1.9 * plan.slots < fp8.slots < 2.0 * plan.slots
 
 
+def test_token_history_is_planned_only_when_asked() -> None:
+    """Speculative decoding's token history (8 bytes a cache position and slot) is planned only
+    with ``history``: without it (the default) every plan is the one before it existed."""
+    total = 80 * GiB
+    memory = (total - 4 * GiB, total)
+    plan = plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, None, memory)
+    assert plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, None, memory, history=False) == plan
+    kv = 2 * 28 * 2 * 128 * 1152 * 2
+    assert plan.per_slot == kv + activation_bytes(SHAPE) + 64  # no history bytes
+    spec = plan_slots(SHAPE, 6000, 1152, True, CHUNK, 0.9, None, memory, history=True)
+    assert spec.per_slot == plan.per_slot + 8 * 1152
+    assert spec.slots == (int(0.9 * total) - 4 * GiB - spec.fixed) // spec.per_slot < plan.slots
+
+
 QWEN05 = Shape(
     layers=24, kv_heads=2, head_dim=64, hidden=896, inter=4864, q_out=896, vocab=151936,
     itemsize=2, weight_bytes=int(0.99 * GiB), name="qwen2.5-0.5b",

@@ -14,7 +14,6 @@ from transformers import AutoConfig, AutoTokenizer
 from benchmarks.harness import from_model, with_options
 from evolm.engine import stops as stops_module
 from evolm.engine.local import LocalEngine
-from evolm.engine.options import Tuning
 from evolm.engine.sampler import prefixes, row_lengths
 from evolm.engine.stops import StopTable, byte_automaton, token_bytes
 from evolm.engine.texts import decode_rows
@@ -110,12 +109,14 @@ def stops_in(texts: list[list[str]]) -> tuple[str, ...]:
 @pytest.mark.parametrize("path", ["fast", "capped", "hf", "speculative"])
 def test_generation_with_stops_is_the_plain_one_cut(engine: LocalEngine, path: str) -> None:
     """Rows of several members, refilled slots (capped), the HF path and verify steps
-    (speculative: every step of the stopped generation): the same texts as a plain generation
-    cut at the first stop string, ``stopped`` where cut, fewer tokens."""
+    (speculative: every step of the stopped generation, in slots for 5 tokens of every row):
+    the same texts as a plain generation cut at the first stop string, ``stopped`` where cut,
+    fewer tokens."""
     if path == "hf":
         eng = from_model(engine.model, engine.layout, engine.tokenizer, fast=False)
     elif path == "speculative":
-        eng = with_options(engine, Tuning(speculate_rows=1000), speculate=4)
+        eng = with_options(engine, speculate=4, speculate_rows=1000)
+        eng.generate(PROMPTS * 5, population(engine.layout, 2), Sampling(24), seed=0)  # 30 slots
     else:
         eng = engine if path == "fast" else with_options(engine, max_batch_rows=4)
     try:

@@ -7,7 +7,8 @@
 # /root/p, `launch.sh 0 0 - q05 convert` and z3's adapter in /root/z3-adapter
 # (docs/results/countdown-paper-split/device/):
 #   bash docs/benchmarks/qwen05-z3-speculate-ab.sh GENERATIONS VARIANT...   e.g. 3 0 4
-# VARIANT: a number N (the local engine, server.speculate=N), `sglang` (server=sglang) or
+# VARIANT: a number N (the local engine, server.speculate=N), N:R (the same with
+# server.speculate_rows=R: verify steps once at most R rows run), `sglang` (server=sglang) or
 # `sglang-ngram` (server=sglang with SGLang's own n-gram speculation, which takes LoRA adapters
 # since sgl-project/sglang#12903: --speculative-algorithm NGRAM; not yet run with evolm). The
 # SGLang variants need the GPU bundle extracted to /tmp/site (docs/sglang-gpu.md).
@@ -23,14 +24,16 @@ for n in "$@"; do
   case $n in
     sglang) server="server=sglang server.python=/tmp/sgpy" ;;
     sglang-ngram) server="server=sglang server.python=/tmp/sgpy server.extra_args=[--speculative-algorithm,NGRAM]" ;;
+    *:*) server="server.speculate=${n%%:*} server.speculate_rows=${n##*:}" ;;
     *) server="server.speculate=$n" ;;
   esac
-  rm -rf "$R/sp$n"
+  d=sp${n//:/-r}  # sp4-r540 for 4:540
+  rm -rf "$R/$d"
   python3 -m evolm experiment=qwen05_paper_countdown_shots model=qwen2.5-coder-0.5b-instruct \
     model.gguf_file=/root/q05.gguf lora.init_from=/root/z3-adapter logger=none \
     generations="$gens" eval_every=1000 callbacks.samples.count=2000 $server \
-    hydra.run.dir=$R/sp$n > $R/sp$n.log 2>&1
-  echo "sp$n: exit $?"
+    hydra.run.dir=$R/$d > $R/$d.log 2>&1
+  echo "$d: exit $?"
 done
 python3 - "$R" "$@" <<'PY'
 import json, sys
@@ -41,14 +44,16 @@ keys = ("time/generation_s", "time/engine_generate_s", "time/engine_tail_s",
         "time/engine_spec_kept", "time/eval_s", "train/fitness_mean", "train/completion_tokens")
 answers = {}
 for n in ns:
-    for line in open(root / f"sp{n}" / "results.jsonl"):
+    d = "sp" + n.replace(":", "-r")
+    for line in open(root / d / "results.jsonl"):
         r = json.loads(line)
-        print(f"sp{n} gen {r['generation']}:", {k.split('/')[-1]: round(r[k], 5) for k in keys if k in r})
-    first = sorted((root / f"sp{n}" / "samples").glob("gen-*.jsonl"))[0]
-    answers[n] = [json.loads(l)["completion"] for l in open(first)]
+        print(f"{d} gen {r['generation']}:", {k.split('/')[-1]: round(r[k], 5) for k in keys if k in r})
+    answers[n] = {f.name: [json.loads(l)["completion"] for l in open(f)]
+                  for f in sorted((root / d / "samples").glob("gen-*.jsonl"))}
 base = answers[ns[0]]
 for n in ns[1:]:
-    same = sum(a == b for a, b in zip(base, answers[n], strict=True))
-    print(f"eval answers identical, sp{ns[0]} vs sp{n}: {same} of {len(base)}")
+    for name, rows in base.items():  # each evaluation's answers, row by row
+        same = sum(a == b for a, b in zip(rows, answers[n][name], strict=True))
+        print(f"eval answers identical ({name}), sp{ns[0]} vs sp{n}: {same} of {len(rows)}")
 PY
 echo done > $R/DONE

@@ -84,6 +84,7 @@ class LocalEngine(Engine):
         kv_cache_dtype: str = "auto",
         quantization: str | None = None,
         speculate: int = 0,
+        speculate_rows: int | None = None,
     ) -> None:
         settings = dict(locals())  # every keyword after layout is a field of LocalOptions
         del settings["self"], settings["model_path"], settings["layout"]

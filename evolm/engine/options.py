@@ -73,8 +73,13 @@ class LocalOptions:
             a generation's tail (the queue empty, under a tenth of the slots busy), for greedy
             rows on the fast path: the same tokens as plain decoding, fewer steps where rows
             repeat themselves (:mod:`evolm.engine.fast.speculate`). 0: off (the default: on
-            an H100 the eager verify step was 3.3x slower, and the graphed one 4% slower on a
-            short tail, docs/benchmarks.md; not yet measured on a long one).
+            an H100 it took 8% off a trained 0.5B's tail-bound generation, the same tokens;
+            its verify rows' attention since reads each slot once, not yet measured there:
+            docs/benchmarks.md).
+        speculate_rows: with ``speculate``, verify steps once the queue is empty and at most
+            this many rows run (``None``: fewer than a tenth of the slots, the tail); a batch
+            whose ``speculate + 1`` tokens a row do not fit one forward of the slots takes
+            plain decode steps.
     """
 
     device: str = "auto"
@@ -87,6 +92,7 @@ class LocalOptions:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     speculate: int = 0
+    speculate_rows: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -126,6 +132,12 @@ class LocalOptions:
                 "speculate",
                 f"must be in 0..{MAX_SPECULATE}, got {self.speculate}",
                 "use 0 (off) or e.g. 4 drafted tokens per verify step",
+            )
+        if self.speculate_rows is not None and self.speculate_rows < 1:
+            raise ConfigError(
+                "speculate_rows",
+                f"must be >= 1, got {self.speculate_rows}",
+                "use null (under a tenth of the slots: the tail) or e.g. 500",
             )
         if self.speculate and self.fast is False:
             raise ConfigError(
@@ -211,11 +223,8 @@ class Tuning:
         prefill_tokens: tokens per prefill chunk (None: from a memory budget).
         lora_pad: rank columns of a fused LoRA group padded to this (Triton ops: at least 16,
             a power of 2).
-        speculate_rows: with ``speculate``, verify steps once the queue is empty and at most
-            this many rows run (None: under a tenth of the slots: the tail).
     """
 
     cuda_graphs: bool | None = None
     prefill_tokens: int | None = None
     lora_pad: int = 8
-    speculate_rows: int | None = None

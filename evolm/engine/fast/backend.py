@@ -60,7 +60,7 @@ class FastBackend:
             graphs=tuning.cuda_graphs,
             prefill_tokens=tuning.prefill_tokens,
             speculate=options.speculate,
-            speculate_rows=tuning.speculate_rows,
+            speculate_rows=options.speculate_rows,
         )
         self._lora: dict[int, FastLora] = {}  # grouped buffers by population size
         self._lora_version = -1  # the fast forward's weights_version the buffers were made for

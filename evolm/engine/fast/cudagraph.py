@@ -9,7 +9,8 @@ import torch
 
 
 def capture(fn: Callable[[], None], pool: object) -> torch.cuda.CUDAGraph:
-    """Warm ``fn`` up on a side stream (it must be idempotent), then capture it."""
+    """Run ``fn`` once on a side stream (the warm-up: its effects are this call's, so ``fn``
+    need not be idempotent), then capture it (capturing runs nothing: replays do)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

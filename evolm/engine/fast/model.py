@@ -317,11 +317,15 @@ class FastModel:
         lo: Tensor,
         cache: KVCache,
         lora: LoraLike,
+        span: int = 1,
     ) -> Tensor:
         """One token per row for continuous batching: row ``b`` lives in cache row ``sel[b]``,
         writes its K/V at position ``pos[b]`` and attends over positions ``lo[b]..pos[b]``
         (its own prompt and completion, whatever the other rows' lengths). ``lora``: per-row
-        members (:meth:`FastLora.rows`). Returns the final-normed hidden states. No host sync."""
+        members (:meth:`FastLora.rows`). ``span``: rows come in runs of ``span`` consecutive
+        positions of one slot (verify rows), whose attention reads the slot once (the slot
+        attention kernel; the same result). Returns the final-normed hidden states. No host
+        sync."""
         rows = tokens.shape[0]
         group = self.heads // self.kv_heads
         x = F.embedding(tokens, self.embed)
@@ -345,7 +349,7 @@ class FastModel:
                 cache.v[i][sel, :, pos] = to_cache(v, cache.v)
             q = q.reshape(rows, self.kv_heads, group, self.head_dim)
             if bias4 is None:
-                attn = self.ops.slot_attention(q, cache.k[i], cache.v[i], sel, lo, hi)  # type: ignore[misc]
+                attn = self.ops.slot_attention(q, cache.k[i], cache.v[i], sel, lo, hi, span=span)  # type: ignore[misc]
             else:
                 with self._decode_backend():
                     kc, vc = cache.k[i][sel, :, :width], cache.v[i][sel, :, :width]

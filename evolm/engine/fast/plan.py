@@ -3,12 +3,12 @@
 All of the fast path's memory sizing is here, with ONE activation formula
 (:func:`activation_bytes`: the transients of one token of a forward, a prompt token in a prefill
 or a row in a decode step). A slot holds one row's KV cache at full length (prompt + its token
-budget) plus one token's activations (and, when sampling, its logits and the sampler's fp32
-transients). The fixed part is the prefill chunk's transients (:func:`prefill_tokens` tokens of
-the base model's activations), greedy's logit block and a margin for the CUDA graphs and the
-allocator. On a GPU the budget is
-``gpu_memory_utilization x total`` minus what is already in use (the weights, the adapter
-buffers, other processes), measured once the model and adapters are resident::
+budget) plus one token's activations (when sampling, also its logits and the sampler's fp32
+transients; with speculative decoding, its tokens by position: 8 bytes each). The fixed part
+is the prefill chunk's transients (:func:`prefill_tokens` tokens of the base model's
+activations), greedy's logit block and a margin for the CUDA graphs and the allocator. On a GPU
+the budget is ``gpu_memory_utilization x total`` minus what is already in use (the weights,
+the adapter buffers, other processes), measured once the model and adapters are resident::
 
     slots = min(rows, max_batch_rows, (util * total - used - fixed) // per_slot)
 
@@ -41,6 +41,7 @@ GiB = 2**30
 MIN_PREFILL_BYTES = 256 * MiB  # prefill transients: at least this, or ...
 PREFILL_SHARE = 0.04  # ... this share of the device memory
 SLOT_STATE_BYTES = 64  # a slot's own state (lens, start, member, ...: eight longs)
+HISTORY_BYTES = 8  # per cache position of a slot's token history (speculative decoding: int64)
 MARGIN = 512 * MiB  # CUDA graphs' own memory, allocator fragmentation, cuBLAS workspaces
 SAMPLER_BYTES = 24  # per vocabulary entry and row when sampling: fp32 probs, sort, cumsum
 
@@ -116,9 +117,12 @@ def plan_slots(
     max_rows: int | None,
     memory: tuple[int, int] | None,
     host: tuple[int, int] | None = None,
+    *,
+    history: bool = False,
 ) -> SlotPlan:
     """Slots for ``rows`` rows of ``positions`` cache positions each, beside a prefill chunk of
-    ``chunk_tokens`` tokens (:func:`prefill_tokens`).
+    ``chunk_tokens`` tokens (:func:`prefill_tokens`); ``history``: each slot also keeps its
+    tokens by position (speculative decoding, :attr:`.Workspace.hist`).
 
     ``memory``: ``(available, total)`` device bytes, ``available`` counting memory the caching
     allocator holds but does not use (None: a CPU: every row, capped by ``max_rows``, checked
@@ -127,6 +131,8 @@ def plan_slots(
     kv_item = shape.kv_itemsize or shape.itemsize
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * positions * kv_item
     per_slot = kv + activation_bytes(shape) + SLOT_STATE_BYTES
+    if history:
+        per_slot += HISTORY_BYTES * positions
     if not greedy:
         per_slot += shape.vocab * (shape.itemsize + SAMPLER_BYTES)
     greedy_block = min(cap, GREEDY_ROWS) * shape.vocab * shape.itemsize if greedy else 0

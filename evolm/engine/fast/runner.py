@@ -3,7 +3,8 @@ current batch of slots (captured once per ``(bucket, adapters, greedy)`` as a CU
 GPUs, eager on CPUs). It runs what the scheduler (:mod:`.scheduler`) decides; it never picks
 rows. Sampling runs outside the graph (the caller's ``torch.Generator``); greedy decoding's LM
 head and argmax run inside it, a block of rows at a time, so no ``[rows, vocab]`` logits are
-held.
+held. Speculative decoding's verify step (:mod:`.speculate`) runs its forward
+(:meth:`ModelRunner.verify`) inside its own graph (:meth:`ModelRunner.graphed`).
 """
 
 from __future__ import annotations
@@ -173,6 +174,8 @@ class ModelRunner:
             ws.tok[s] = first
             ws.gen[s] = 1
             rows.out[r * rows.widest] = first
+            if ws.hist is not None:  # left-padded: positions below the slot's start are masked
+                ws.hist[s, : rows.ids.shape[1]] = rows.ids[r]
             ws.done[s] = torch.isin(first, rows.eos) | (rows.budgets[r] <= 1)
             if rows.stops is not None:
                 ws.stop[s] = rows.stops.table[0, first]
@@ -180,36 +183,51 @@ class ModelRunner:
 
     def forward(self, ws: Workspace, batch: int, lora: FastLora | None, greedy: bool) -> None:
         """The decode forward of the batch's slots at their current tokens: greedy's argmax in
-        ``ws.next[:batch]``, else the logits in ``ws.logits[:batch]`` (a CUDA graph on GPUs)."""
+        ``ws.next[:batch]``, else the logits in ``ws.logits[:batch]`` (a CUDA graph on GPUs).
+        With a token history (:attr:`Workspace.hist`), each slot's token goes into it at the
+        position it is fed at."""
         sel = ws.sel[:batch]
 
         def run() -> None:
-            x = self._decode(
-                ws, ws.tok[sel], sel, ws.lens[sel], ws.start[sel], ws.member[sel], lora
-            )
+            tok, pos = ws.tok[sel], ws.lens[sel]
+            if ws.hist is not None:
+                ws.hist[sel, pos] = tok
+            x = self._decode(ws, tok, sel, pos, ws.start[sel], ws.member[sel], lora)
             if greedy:
                 self.model.greedy(x, ws.next[:batch], ws.scratch)
             else:
                 self.model.logits(x, out=ws.logits[:batch])
 
-        self._graphed(ws, (batch, id(lora), greedy), lora, run)
+        self.graphed(ws, (batch, id(lora), greedy), lora, run)
 
-    def verify_forward(self, ws: Workspace, size: int, lora: FastLora | None) -> None:
-        """The decode forward of verify rows ``0..size`` of ``ws.verify`` (:mod:`.speculate`):
-        greedy's argmax after each in ``ws.verify.next[:size]``. The decode step's own path
-        (fused K/V writes, the slot-attention kernel, per-row LoRA members), captured per
-        ``(size, adapters)`` as a CUDA graph on GPUs: each layer writes every verify row's K/V
-        before it reads any (one kernel each), so a row's later tokens see its earlier ones."""
-        v = ws.verify
+    def verify(
+        self,
+        ws: Workspace,
+        tokens: Tensor,
+        sel: Tensor,
+        pos: Tensor,
+        lo: Tensor,
+        member: Tensor,
+        lora: FastLora | None,
+        out: Tensor,
+    ) -> None:
+        """Speculative decoding's verify forward (:mod:`.speculate`): greedy's choice after each
+        of ``tokens [rows, width]`` into ``out [rows, width]``, row ``b``'s token ``j`` fed in
+        cache row ``sel[b]`` at position ``pos[b] + j`` (its prompt from ``lo[b]``, LoRA member
+        ``member[b]``). The decode step's own path (fused K/V writes, the slot-attention
+        kernel, per-row LoRA members) over ``rows x width`` *verify rows*: each layer writes
+        every verify row's K/V before it reads any (one kernel each), so a row's later tokens
+        see its earlier ones. No graph of its own: it runs inside the caller's (no host sync)."""
+        width = tokens.shape[1]
 
-        def run() -> None:
-            part = slice(0, size)
-            x = self._decode(
-                ws, v.tok[part], v.slot[part], v.pos[part], v.lo[part], v.member[part], lora
-            )
-            self.model.greedy(x, v.next[part], ws.scratch)
+        def each(t: Tensor) -> Tensor:  # a row's value for each of its verify rows: a copy (the
+            # kernels index rows contiguously; an expanded view of one row would be stride 0)
+            return t.repeat_interleave(width)
 
-        self._graphed(ws, ("verify", size, id(lora)), lora, run)
+        at = (pos[:, None] + torch.arange(width, device=pos.device)).reshape(-1)
+        flat = tokens.reshape(-1)
+        x = self._decode(ws, flat, each(sel), at, each(lo), each(member), lora, span=width)
+        self.model.greedy(x, out.view(-1), ws.scratch)
 
     def _decode(
         self,
@@ -220,25 +238,30 @@ class ModelRunner:
         lo: Tensor,
         member: Tensor,
         lora: FastLora | None,
+        span: int = 1,
     ) -> Tensor:
         """:meth:`FastModel.decode_slots` of tokens ``tok`` in cache rows ``slot`` at
-        positions ``pos`` (prompts from ``lo``), of LoRA ``member`` s: final-normed states."""
+        positions ``pos`` (prompts from ``lo``), of LoRA ``member`` s: final-normed states
+        (``span``: rows in runs of one slot's consecutive positions, verify rows)."""
         rope = pos - lo
         view = None if lora is None else lora.rows(member)
         return self.model.decode_slots(
-            tok, ws.cos[rope], ws.sin[rope], slot, pos, lo, ws.cache, view
+            tok, ws.cos[rope], ws.sin[rope], slot, pos, lo, ws.cache, view, span
         )
 
-    def _graphed(
-        self, ws: Workspace, key: tuple[object, ...], lora: FastLora | None, run: Callable[[], None]
+    def graphed(
+        self, ws: Workspace, key: tuple[object, ...], keep: object, run: Callable[[], None]
     ) -> None:
         """``run()``: eagerly, or as the CUDA graph captured once per ``key`` on GPUs (the entry
-        keeps ``lora`` alive: its id in ``key`` is not reused)."""
+        keeps ``keep`` alive: the objects whose ids are in ``key``, so no id is reused). The
+        capture's warm-up run is the first call's run (no replay after it): ``run`` may advance
+        state (a verify step does), so it must run exactly once a call."""
         if not self.graphs:
             run()
             return
         if key not in ws.graphs:
-            ws.graphs[key] = (capture(run, ws.pool), lora)
+            ws.graphs[key] = (capture(run, ws.pool), keep)
+            return
         ws.graphs[key][0].replay()  # type: ignore[attr-defined]
 
     def step(self, ws: Workspace, batch: int, lora: FastLora | None, rows: Rows) -> None:

@@ -130,7 +130,9 @@ class Scheduler:
         speculate: tokens drafted per row in the tail's verify steps (0: off; greedy rows only,
             the same tokens: :mod:`.speculate`).
         speculate_rows: the tail, where verify steps replace decode steps: the queue empty
-            and at most this many rows running (None: under ``TAIL_SHARE`` of the slots).
+            and at most this many rows running (None: under ``TAIL_SHARE`` of the slots), in a
+            bucket whose ``k + 1`` verify rows a row fit the slots (``check_every`` verify
+            steps between host syncs, as decode steps).
     """
 
     def __init__(
@@ -185,13 +187,26 @@ class Scheduler:
             kv_itemsize=(self.kv_dtype or m.embed.dtype).itemsize,
         )
 
-    def prepare(self, rows: int, positions: int, greedy: bool, lora: FastLora | None) -> Workspace:
+    def prepare(
+        self,
+        rows: int,
+        positions: int,
+        greedy: bool,
+        lora: FastLora | None,
+        history: bool = False,
+    ) -> Workspace:
         """Plan the slots and allocate them, or reuse the workspace while it fits: as many
-        slots and positions or more, the same sampling mode and weights (a run's evaluations,
-        fewer rows than its generations, then keep the generations' workspace and graphs)."""
+        slots and positions or more, the same sampling mode and weights, and a token history
+        if ``history`` (speculative decoding) asks for one. A run's evaluations, fewer rows
+        than its generations, then keep the generations' workspace and graphs."""
         positions = -(-positions // 16) * 16
         ws = self.workspace
-        if ws is not None and ws.key == graph_key(self.model) and self._greedy == greedy:
+        if (
+            ws is not None
+            and ws.key == graph_key(self.model)
+            and self._greedy == greedy
+            and (ws.hist is not None or not history)  # no history: no verify steps on it
+        ):
             every_row = ws.slots >= rows and ws.positions >= positions
             # fewer slots than its rows: memory or max_batch_rows capped it, as they would again
             # (for no wider LoRA activations than it was planned with)
@@ -215,9 +230,10 @@ class Scheduler:
             self.max_rows,
             device_memory(self.device),
             None if self.device.type == "cuda" else host_memory(),
+            history=history,
         )
         try:
-            ws = Workspace(self.model, plan.slots, positions, self.kv_dtype)
+            ws = Workspace(self.model, plan.slots, positions, self.kv_dtype, history)
         except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
             raise RuntimeError(f"out of memory allocating {plan.describe()}: {e}") from e
         self.workspace, self.plan, self._greedy = ws, plan, greedy
@@ -261,7 +277,7 @@ class Scheduler:
         drafts = self.speculate if greedy and forced is None else 0
         # k positions past the widest budget: a verify step's drafts of a row near its budget
         # land in its own slot (never kept), so the other rows keep drafting k tokens
-        ws = self.prepare(rows, length + widest + drafts, greedy, lora)
+        ws = self.prepare(rows, length + widest + drafts, greedy, lora, history=drafts > 0)
         dev, runner = self.device, self.runner
         members = (
             torch.zeros(rows, dtype=torch.long, device=dev) if member is None else member.to(dev)
@@ -290,7 +306,7 @@ class Scheduler:
         stats, batch = RunStats(timer, ws.slots), 0
         spec = None
         if drafts and ws.slots > 1:  # a row's k + 1 tokens fit one forward of the slots
-            spec = Speculator(runner, min(drafts, ws.slots - 1))
+            spec = Speculator(runner, ws, min(drafts, ws.slots - 1), batch_rows, eos_ids)
         tail_rows = self.speculate_rows
         if tail_rows is None:
             tail_rows = max(1, math.ceil(TAIL_SHARE * ws.slots) - 1)  # fewer than TAIL_SHARE
@@ -314,9 +330,10 @@ class Scheduler:
                     # the bucket's padding rows (the scratch slot) join the last member's tile
                     ws.member[ws.slots] = slot_member[active[-1]]
                 batch = ws.set_batch(active)
-            if spec is not None and not queue and len(active) <= tail_rows:
-                stats.decoding(1, len(active), len(active), False)
-                spec.step(ws, active, lora, batch_rows)
+            if spec is not None and not queue and len(active) <= tail_rows and spec.fits(batch):
+                stats.decoding(self.check_every, len(active), batch, False)
+                for _ in range(self.check_every):
+                    spec.step(batch, lora, len(active))
             else:
                 stats.decoding(self.check_every, len(active), batch, bool(queue))
                 for _ in range(self.check_every):

@@ -12,19 +12,27 @@ before it). Every slot has ``k`` cache positions past the widest budget, so ever
 Drafts come from the row itself (:func:`ngram_drafts`, prompt lookup decoding): what followed
 the latest earlier occurrence of the row's last ``n`` tokens (``n`` = 3, 2, 1, the longest
 found). Loops, repeated formats and a search that rewrites its candidates repeat themselves.
-The lookup runs on the device over every row's prompt and tokens at once, a few elementwise
-kernels a step: no history on the host, no per-row Python, no sync (a first version kept each
-row's n-grams in Python dicts: drafting and extending 400 rows took ~10 ms of host time a step
-on the developers' CPU, more than the verify forward).
+The lookup runs on the device over every row's tokens at once, a few elementwise kernels a
+step: no history on the host, no per-row Python, no sync (a first version kept each row's
+n-grams in Python dicts: drafting and extending 400 rows took ~10 ms of host time a step on
+the developers' CPU, more than the verify forward). A row's tokens are its slot's token history
+(:attr:`Workspace.hist <evolm.engine.fast.workspace.Workspace.hist>`, aligned with its cache:
+the prompt written by the prefill, each token at the position it is fed at).
 
-The verify forward is the decode step's own (:meth:`ModelRunner.verify_forward
-<evolm.engine.fast.runner.ModelRunner.verify_forward>`): a row's ``k + 1`` tokens are ``k + 1``
-rows of the step, each writing its K/V and attending as a decode step would, captured as CUDA
-graphs per bucket. The rest of a verify step runs eagerly.
+A verify step is ONE CUDA graph per ``(bucket, k, adapters, stop strings, EOS ids)`` (eager on
+CPUs: the same closure), reading and writing only the workspace's buffers: the batch's state,
+the drafts, the verify forward (:meth:`ModelRunner.verify
+<evolm.engine.fast.runner.ModelRunner.verify>`: a row's ``k + 1`` tokens are ``k + 1`` rows of
+the decode step's own path), which tokens each row keeps (EOS, budget, stop strings: as plain
+steps would take them), the slots' new state and where each kept token goes in the caller's
+output. After the replay one eager scatter writes the kept tokens into it. A step's verify
+rows fit one forward of the planned slots (bucket x ``(k + 1)`` <= slots); a batch too wide
+for that takes plain decode steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +40,8 @@ from torch import Tensor
 
 from evolm.engine.fast.lora import FastLora
 from evolm.engine.fast.runner import ModelRunner, Rows
-from evolm.engine.fast.workspace import Workspace, bucket
+from evolm.engine.fast.workspace import SpecBuffers, Workspace
+from evolm.engine.stops import StopTable
 
 MAX_NGRAM = 3
 
@@ -62,7 +71,8 @@ def ngram_drafts(seq: Tensor, valid: Tensor, last: Tensor, k: int) -> Tensor:
 @dataclass
 class SpecStats:
     """Verify steps, their rows, and the tokens they drafted and kept (``time/engine_spec_*``;
-    the kept count stays on the device until read)."""
+    the kept count stays on the device until read). Rows are counted at the host syncs: a row
+    that finished since counts until it is retired."""
 
     steps: int = 0
     rows: int = 0
@@ -81,90 +91,106 @@ class SpecStats:
 
 
 class Speculator:
-    """Verify steps over a :class:`Workspace`'s active slots (see the module docstring).
+    """Verify steps of one generation over a :class:`Workspace`'s batch (see the module
+    docstring).
 
     Args:
-        runner: runs the verify forward (:meth:`ModelRunner.verify_forward`).
+        runner: runs the steps (:meth:`ModelRunner.graphed`) and their forward
+            (:meth:`ModelRunner.verify`).
+        ws: the workspace, with a token history (:attr:`Workspace.hist`).
         k: tokens drafted per row and step, at most the workspace's slots - 1 (a row's
             ``k + 1`` tokens fit one forward; the scheduler plans ``k`` cache positions past
             the widest budget, and tokens past a row's budget are never kept).
+        rows: the generation's rows (greedy, no forced tokens): the kept tokens go into
+            ``rows.out``, and its stop strings end rows.
+        eos: the EOS ids (those of ``rows.eos``).
     """
 
-    def __init__(self, runner: ModelRunner, k: int) -> None:
-        self.runner, self.k = runner, k
-        self.stats = SpecStats()
+    def __init__(
+        self, runner: ModelRunner, ws: Workspace, k: int, rows: Rows, eos: Sequence[int]
+    ) -> None:
+        assert ws.hist is not None, "speculative decoding drafts from the token history"
+        self.runner, self.ws, self.k, self.rows = runner, ws, k, rows
+        self.eos = tuple(eos)
+        self.buf = ws.speculation(k + 1)
+        shape = torch.tensor([rows.widest, rows.out.shape[0] - 1], dtype=torch.long)
+        self.buf.shape.copy_(shape)  # the graphs read this generation's out layout from here
+        self.buf.kept.zero_()
+        self.stats = SpecStats(kept=self.buf.kept)
 
-    @staticmethod
-    def _drafts(ws: Workspace, sel: Tensor, gen: Tensor, rows: Rows, k: int) -> Tensor:
-        """:func:`ngram_drafts` of slots ``sel``: each row's prompt and its ``gen`` tokens so
-        far (the current token, not yet in the cache, last)."""
-        row = ws.row[sel]
-        ids, mask = rows.ids[row], rows.mask[row]
-        done = rows.out[:-1].view(-1, rows.widest)[row]
-        written = torch.arange(rows.widest, device=ws.device) < gen[:, None]
-        seq, valid = torch.cat([ids, done], 1), torch.cat([mask, written], 1)
-        return ngram_drafts(seq, valid, ids.shape[1] + gen - 1, k)
+    def fits(self, batch: int) -> bool:
+        """Whether a batch bucket's verify rows fit one forward of the planned slots."""
+        return batch <= self.buf.chosen.shape[0]
 
-    def step(self, ws: Workspace, slots: list[int], lora: FastLora | None, rows: Rows) -> None:
-        """One verify step of the live ``slots`` (greedy rows, no forced tokens): each row's
-        kept tokens into ``rows.out``, its state advanced as that many plain steps would."""
-        dev = ws.device
-        sel = torch.tensor(slots, dtype=torch.long, device=dev)
-        gen, budget, pos, lo = ws.gen[sel], ws.budget[sel], ws.lens[sel], ws.start[sel]
-        k = self.k
-        width = k + 1
-        tokens = torch.cat([ws.tok[sel][:, None], self._drafts(ws, sel, gen, rows, k)], 1)
-        at = pos[:, None] + torch.arange(width, device=dev)
-        member = ws.member[sel]
-        chosen = torch.empty_like(tokens)
-        per = ws.slots // width  # rows a forward: its verify rows never pass the planned slots
-        for first in range(0, len(slots), per):
-            part = slice(first, first + per)
-            chosen[part] = self._verify(
-                ws, sel[part], at[part], lo[part], tokens[part], member[part], lora
-            )
+    def step(self, batch: int, lora: FastLora | None, live: int) -> None:
+        """One verify step of the batch's ``batch`` slots (a bucket that :meth:`fits`; ``live``
+        of them running at the last sync, for the stats): each running row's kept tokens into
+        ``rows.out``, its state advanced as that many plain steps would."""
+        stops = self.rows.stops
+        key = ("spec", batch, self.k, id(lora), id(stops), self.eos)
+        run = verify_step(self.runner, self.ws, self.buf, batch, self.k, lora, stops, self.eos)
+        self.runner.graphed(self.ws, key, (lora, stops), run)
+        at, chosen = self.buf.at[:batch], self.buf.chosen[:batch]
+        self.rows.out[at.reshape(-1)] = chosen.reshape(-1)  # the one write outside the graph
+        self.stats.steps += 1
+        self.stats.rows += live
+        self.stats.drafted += self.k * live
+
+
+def verify_step(
+    runner: ModelRunner,
+    ws: Workspace,
+    buf: SpecBuffers,
+    batch: int,
+    k: int,
+    lora: FastLora | None,
+    stops: StopTable | None,
+    eos: Sequence[int],
+) -> Callable[[], None]:
+    """The closure of one verify step of slots ``ws.sel[:batch]`` (what :meth:`Speculator.step`
+    captures): it reads and writes only the workspace's tensors, ``lora``'s and ``stops``'
+    (kept alive with its graph), and branches on nothing but the arguments, so the graph
+    replays what an eager call runs. It leaves each row's greedy choices in ``buf.chosen`` and
+    their places in the caller's ``out`` in ``buf.at`` (its dump cell where not kept)."""
+    width, dev = k + 1, ws.device
+    eos_ids = ws.ids(eos)  # kept by the workspace per tuple: the graph reads its address
+    hist = ws.hist
+    assert hist is not None
+
+    def run() -> None:
+        sel = ws.sel[:batch]
+        tok, pos, lo, gen = ws.tok[sel], ws.lens[sel], ws.start[sel], ws.gen[sel]
+        hist[sel, pos] = tok  # the current token, fed at its position
+        column = torch.arange(hist.shape[1], device=dev)
+        valid = (column >= lo[:, None]) & (column <= pos[:, None])
+        tokens = torch.cat([tok[:, None], ngram_drafts(hist[sel], valid, pos, k)], 1)
+        chosen = buf.chosen[:batch]
+        runner.verify(ws, tokens, sel, pos, lo, ws.member[sel], lora, chosen)
         # drafts kept: the leading ones greedy chose; then the token greedy chose after them
         agree = (tokens[:, 1:] == chosen[:, :-1]).long().cumprod(1).sum(1)
-        row, live = ws.row[sel], ~ws.done[sel]
-        kept = torch.zeros_like(gen)
-        state, done = ws.stop[sel], ~live
-        for j in range(width):  # token j of each row, as plain step j would take it
-            take = live & (agree >= j)
-            finished, state = rows.emit(chosen[:, j], take, row, gen + kept, budget, state)
+        widest, dump = buf.shape[0], buf.shape[1]
+        row, budget, state, done = ws.row[sel], ws.budget[sel], ws.stop[sel], ws.done[sel]
+        is_eos = (chosen[:, :, None] == eos_ids).any(2)
+        live, kept = ~done, torch.zeros_like(gen)
+        for j in range(width):  # token j of each row, as plain step j would take it: a taken
+            take = live & (agree >= j)  # token's row took tokens 0..j-1 too (its gen + j-th)
+            index = gen + j
+            into = row * widest + torch.minimum(index, widest - 1)
+            buf.at[:batch, j] = torch.where(take, into, dump)
+            finished = is_eos[:, j] | (index + 1 >= budget)
+            if stops is not None:
+                state = torch.where(take, stops.advance(state, chosen[:, j]), state)
+                finished = finished | (state == stops.done)
+            finished = take & finished
             kept += take.long()
             done = done | finished
             live = live & ~finished
+        # the fed tokens by position: the kept ones right (drafts greedy agreed with), those
+        # past them at or above the new length (overwritten as they are fed, masked till then)
+        hist[sel[:, None], pos[:, None] + torch.arange(width, device=dev)] = tokens
         last = chosen.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
-        ws.tok[sel] = torch.where(kept > 0, last, ws.tok[sel])
+        ws.tok[sel] = torch.where(kept > 0, last, tok)
         ws.gen[sel], ws.lens[sel], ws.stop[sel], ws.done[sel] = gen + kept, pos + kept, state, done
-        self.stats.steps += 1
-        self.stats.rows += len(slots)
-        self.stats.drafted += k * len(slots)
-        self.stats.kept = kept.sum() + self.stats.kept
+        buf.kept.add_(kept.sum())
 
-    def _verify(
-        self,
-        ws: Workspace,
-        sel: Tensor,
-        at: Tensor,
-        lo: Tensor,
-        tokens: Tensor,
-        member: Tensor,
-        lora: FastLora | None,
-    ) -> Tensor:
-        """Greedy's choice after each of ``tokens [rows, width]`` (row ``b`` in cache row
-        ``sel[b]``, token ``t`` at position ``at[b, t]``): row ``b``'s tokens are verify rows
-        ``b * width .. b * width + width - 1`` of one decode forward, padded to a bucket of the
-        slots with the scratch slot (writing at its position 0, in the last row's member)."""
-        rows, width = tokens.shape
-        v, n = ws.verify, rows * width
-        size = bucket(ws.slots, n)
-        v.slot[n:size], v.pos[n:size], v.lo[n:size], v.tok[n:size] = ws.slots, 0, 0, 0
-        v.slot[:n] = sel.repeat_interleave(width)
-        v.pos[:n] = at.reshape(-1)
-        v.lo[:n] = lo.repeat_interleave(width)
-        v.tok[:n] = tokens.reshape(-1)
-        v.member[:n] = member.repeat_interleave(width)
-        v.member[n:size] = v.member[n - 1]
-        self.runner.verify_forward(ws, size, lora)
-        return v.next[:n].view(rows, width)
+    return run

@@ -7,7 +7,13 @@ of a batch bucket) and its state: cache length ``lens`` (the next write position
 (left padding of its prompt), ``member``, tokens generated ``gen``, its ``budget`` (the row's own
 max_new_tokens), ``row`` (its index in the caller's rows), ``stop`` (its stop-string automaton's
 state, :mod:`evolm.engine.stops`) and ``done`` (EOS, budget or a stop string reached).
-``sel[:B]`` maps the rows of the current decode batch to slots.
+``sel[:B]`` maps the rows of the current decode batch to slots. With speculative decoding
+(:mod:`.speculate`) a slot also holds its token history ``hist``, aligned with its cache
+(``hist[slot, p]``: the token at cache position ``p``), which the verify step drafts from.
+
+Everything a captured step reads or writes lives here, never in a caller's per-call tensors:
+the verify step's outputs and counters (:class:`SpecBuffers`) and the small constant tensors it
+compares against (:meth:`Workspace.ids`) are kept, as their graphs bake in their addresses.
 
 CUDA graphs bake in buffer addresses: :func:`graph_key` is the ONE key that says when a
 workspace (and its graphs) must be rebuilt: a replaced LM-head weight or bias, or reallocated
@@ -16,6 +22,7 @@ workspace (and its graphs) must be rebuilt: a replaced LM-head weight or bias, o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -53,26 +60,30 @@ def bucket(capacity: int, n: int) -> int:
 
 
 @dataclass(frozen=True)
-class VerifyRows:
-    """The static buffers of speculative decoding's verify forward (:mod:`.speculate`): a
-    row's current token and drafts as consecutive *verify rows* of the decode step, verify row
-    ``j`` living in cache row ``slot[j]``, writing its K/V at ``pos[j]`` and attending over
-    ``lo[j]..pos[j]``; ``next``: greedy's choice after each. As many as the slots (the rows the
-    planner sized a step's memory for)."""
+class SpecBuffers:
+    """The kept tensors of speculative decoding's verify step (:mod:`.speculate`), for rows of
+    ``width`` tokens (its current one and ``width - 1`` drafts): as many rows as one forward of
+    ``slots`` verify rows holds. ``chosen [rows, width]``: greedy's choice after each token;
+    ``at [rows, width]``: where each goes in the caller's ``out`` (its dump cell where not
+    kept); ``shape [2]``: that ``out``'s row width and dump index (set once per generation);
+    ``kept``: tokens the verify steps produced since (0-dim)."""
 
-    slot: Tensor
-    pos: Tensor
-    lo: Tensor
-    tok: Tensor
-    member: Tensor
-    next: Tensor
+    chosen: Tensor
+    at: Tensor
+    shape: Tensor
+    kept: Tensor
 
 
 class Workspace:
     """The static slot buffers (see the module docstring)."""
 
     def __init__(
-        self, model: FastModel, slots: int, positions: int, kv_dtype: torch.dtype | None = None
+        self,
+        model: FastModel,
+        slots: int,
+        positions: int,
+        kv_dtype: torch.dtype | None = None,
+        history: bool = False,
     ) -> None:
         dev = model.embed.device
         self.slots, self.positions, self.device = slots, positions, dev
@@ -88,6 +99,13 @@ class Workspace:
         self.done[slots] = True  # the scratch slot never advances
         self.sel = torch.full((slots,), slots, dtype=torch.long, device=dev)
         self.next = torch.zeros(slots, dtype=torch.long, device=dev)
+        # each slot's tokens by cache position (speculative decoding drafts from them; right
+        # for ``start <= p < lens``, the current token written at ``lens`` as it is fed)
+        self.hist = (
+            torch.zeros((slots + 1, positions), dtype=torch.long, device=dev) if history else None
+        )
+        self._ids: dict[tuple[int, ...], Tensor] = {}
+        self._spec: dict[int, SpecBuffers] = {}
         self.vocab, self.dtype = model.lm_head.weight.shape[0], model.embed.dtype
         self.greedy_rows = min(slots, GREEDY_ROWS)
         self.graphs: dict[tuple[object, ...], tuple[torch.cuda.CUDAGraph, object]] = {}
@@ -105,15 +123,25 @@ class Workspace:
         """``[slots, vocab]`` logits for sampling (allocated at first use; greedy needs none)."""
         return torch.empty((self.slots, self.vocab), dtype=self.dtype, device=self.device)
 
-    @cached_property
-    def verify(self) -> VerifyRows:
-        """The :class:`VerifyRows` (allocated at first use, kept: the verify graphs bake in
-        their addresses)."""
+    def ids(self, values: Sequence[int]) -> Tensor:
+        """``values`` as a long tensor on the device, kept per tuple of values (a captured step
+        compares against it: e.g. the EOS ids)."""
+        key = tuple(values)
+        if key not in self._ids:
+            self._ids[key] = torch.tensor(key, dtype=torch.long, device=self.device)
+        return self._ids[key]
 
-        def z() -> Tensor:
-            return torch.zeros(self.slots, dtype=torch.long, device=self.device)
+    def speculation(self, width: int) -> SpecBuffers:
+        """The :class:`SpecBuffers` of verify rows of ``width`` tokens (allocated at first use,
+        kept: the verify graphs bake in their addresses)."""
+        if width not in self._spec:
+            rows = self.slots // width
 
-        return VerifyRows(z(), z(), z(), z(), z(), z())
+            def z(*shape: int) -> Tensor:
+                return torch.zeros(shape, dtype=torch.long, device=self.device)
+
+            self._spec[width] = SpecBuffers(z(rows, width), z(rows, width), z(2), z())
+        return self._spec[width]
 
     def set_batch(self, active: list[int]) -> int:
         """Batch rows ``0..len(active)`` -> the active slots; the rest of the bucket (its size,

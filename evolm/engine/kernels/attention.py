@@ -113,6 +113,54 @@ def _slot_attention_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok)
 
 
+@triton.jit
+def _slot_span_attention_kernel(
+    q_ptr, k_ptr, v_ptr, sel_ptr, lo_ptr, hi_ptr, out_ptr,
+    sq_r, sq_h, sq_g, sk_r, sk_h, sk_n, sv_r, sv_h, sv_n, so_r, so_h, so_g,
+    kv_heads, scale,
+    G: tl.constexpr, SPAN: tl.constexpr, M_PAD: tl.constexpr, HD: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
+):  # fmt: skip
+    # one program per (span of rows, KV head): the SPAN x G queries of a span's rows, which
+    # share a slot and ``lo`` and end one position apart, against the slot's cache read once
+    pid = tl.program_id(0)
+    first, h = (pid // kv_heads) * SPAN, pid % kv_heads
+    slot = tl.load(sel_ptr + first).to(tl.int64)
+    lo = tl.load(lo_ptr + first).to(tl.int32)
+    hi_last = tl.load(hi_ptr + first + SPAN - 1).to(tl.int32)
+    offs_m, offs_d = tl.arange(0, M_PAD), tl.arange(0, HD)
+    m_ok = offs_m < SPAN * G
+    row, head = first + offs_m // G, offs_m % G
+    # each query's own end; padding queries take the last one's (never an all-masked row)
+    hi = tl.where(m_ok, tl.load(hi_ptr + row, mask=m_ok, other=0).to(tl.int32), hi_last)
+    q_off = row[:, None] * sq_r + h * sq_h + head[:, None] * sq_g + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=m_ok[:, None])
+    if FP8:  # as the one-row kernel: products in fp16
+        q = q.to(tl.float16)
+    m_i = tl.full([M_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([M_PAD], tl.float32)
+    acc = tl.zeros([M_PAD, HD], tl.float32)
+    k_row = k_ptr + slot * sk_r + h * sk_h
+    v_row = v_ptr + slot * sv_r + h * sv_h
+    for start in range(lo, hi_last, BLOCK_N):  # the first block holds every query's ``lo``
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi_last
+        k = tl.load(k_row + offs_n[:, None] * sk_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
+        s = tl.where(offs_n[None, :] < hi[:, None], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_row + offs_n[:, None] * sv_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_off = row[:, None] * so_r + h * so_h + head[:, None] * so_g + offs_d[None, :]
+    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
 SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3}  # H200: 4.0 TB/s (slot_tune)
 # an fp8 cache (H100, 1.5B shape, 1,600 rows): 0.235 ms per layer against bf16's 0.377; on an
 # H200 at 6,000 rows (``slot_tune --kv fp8 --rows 6000``) 2 warps: 0.627 vs 0.666 ms (3.1 TB/s:
@@ -128,15 +176,36 @@ def slot_attention(
     lo: Tensor,
     hi: Tensor,
     tune: dict[str, int] | None = None,
+    span: int = 1,
 ) -> Tensor:
     """Continuous batching's decode attention: ``q [B, kv_heads, g, hd]``; row ``b`` attends
     over positions ``lo[b] <= n < hi[b]`` of cache row ``sel[b]`` of ``k``/``v [C, kv_heads,
     T, hd]`` (no mask tensor: each row streams only its own length). ``[B, kv_heads*g*hd]``.
-    An fp8 cache (``torch.float8_e4m3fn``) is widened to fp16 as it is read."""
+    An fp8 cache (``torch.float8_e4m3fn``) is widened to fp16 as it is read.
+
+    ``span > 1``: the rows come in runs of ``span`` (``B`` a multiple of it) that share a slot
+    and ``lo`` and whose ``hi`` rise by one (speculative decoding's verify rows: a row's current
+    token and drafts); one program reads the slot's cache once for a run's ``span x g``
+    queries, each masked to its own ``hi``, where one-row programs would read it ``span``
+    times (the attention of a verify step, bound by those reads, cost ~``span`` plain steps')."""
     rows, kv_heads, g, hd = q.shape
     fp8 = k.element_size() == 1
     t = tune or (SLOT_TUNE_FP8 if fp8 else SLOT_TUNE)
     out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
+    if span > 1:
+        if rows % span:
+            raise ValueError(f"{rows} rows are not runs of {span}")
+        _slot_span_attention_kernel[(rows // span * kv_heads,)](
+            q, k, v, sel, lo, hi, out,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            kv_heads, hd**-0.5,
+            G=g, SPAN=span, M_PAD=max(16, triton.next_power_of_2(span * g)), HD=hd,
+            BLOCK_N=t["block_n"], PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            FP8=fp8, num_warps=t["warps"], num_stages=t["stages"],
+        )  # fmt: skip
+        return out.view(rows, -1)
     g_pad = max(16, triton.next_power_of_2(g))
     _slot_attention_kernel[(rows * kv_heads,)](
         q, k, v, sel, lo, hi, out,
