@@ -12,7 +12,7 @@
 # `sglang-ngram` (server=sglang with SGLang's own n-gram speculation, which takes LoRA adapters
 # since sgl-project/sglang#12903: --speculative-algorithm NGRAM; not yet run with evolm). The
 # SGLang variants need the GPU bundle extracted to /tmp/site (docs/sglang-gpu.md).
-# Each run: the start's eval (the mean's 2,000 test answers saved: compared row by row) and
+# Each run: the start's and the last eval (the mean's 2,000 test answers saved: compared row by row) and
 # GENERATIONS training generations (the same seed: the same members and puzzles, so they
 # compare one to one). Prints the comparison; records in /root/specz3/.
 set -u
