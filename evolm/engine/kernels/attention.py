@@ -76,53 +76,12 @@ def _slot_attention_kernel(
     q_ptr, k_ptr, v_ptr, sel_ptr, lo_ptr, hi_ptr, out_ptr,
     sq_r, sq_h, sq_g, sk_r, sk_h, sk_n, sv_r, sv_h, sv_n, so_r, so_h, so_g,
     kv_heads, scale,
-    G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FP8: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    r, h = pid // kv_heads, pid % kv_heads
-    slot = tl.load(sel_ptr + r).to(tl.int64)
-    lo = tl.load(lo_ptr + r).to(tl.int32)
-    hi = tl.load(hi_ptr + r).to(tl.int32)
-    offs_g, offs_d = tl.arange(0, G_PAD), tl.arange(0, HD)
-    g_ok = offs_g[:, None] < G
-    q = tl.load(q_ptr + r * sq_r + h * sq_h + offs_g[:, None] * sq_g + offs_d[None, :], mask=g_ok)
-    if FP8:  # an fp8 cache: products in fp16, the one type fp8 widens to in one instruction
-        q = q.to(tl.float16)
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, HD], tl.float32)
-    k_row = k_ptr + slot * sk_r + h * sk_h
-    v_row = v_ptr + slot * sv_r + h * sv_h
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < hi
-        k = tl.load(k_row + offs_n[:, None] * sk_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
-        s = tl.where(n_ok[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_row + offs_n[:, None] * sv_n + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    out = acc / l_i[:, None]
-    o_off = r * so_r + h * so_h + offs_g[:, None] * so_g + offs_d[None, :]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=g_ok)
-
-
-@triton.jit
-def _slot_span_attention_kernel(
-    q_ptr, k_ptr, v_ptr, sel_ptr, lo_ptr, hi_ptr, out_ptr,
-    sq_r, sq_h, sq_g, sk_r, sk_h, sk_n, sv_r, sv_h, sv_n, so_r, so_h, so_g,
-    kv_heads, scale,
     G: tl.constexpr, SPAN: tl.constexpr, M_PAD: tl.constexpr, HD: tl.constexpr,
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
-    # one program per (span of rows, KV head): the SPAN x G queries of a span's rows, which
-    # share a slot and ``lo`` and end one position apart, against the slot's cache read once
+    # one program per (run of SPAN rows, KV head): the SPAN x G queries of a run's rows, which
+    # share a slot and ``lo`` and end one position apart (SPAN = 1: a row's G query heads of
+    # the KV head), against the slot's cache read once
     pid = tl.program_id(0)
     first, h = (pid // kv_heads) * SPAN, pid % kv_heads
     slot = tl.load(sel_ptr + first).to(tl.int64)
@@ -134,8 +93,8 @@ def _slot_span_attention_kernel(
     # each query's own end; padding queries take the last one's (never an all-masked row)
     hi = tl.where(m_ok, tl.load(hi_ptr + row, mask=m_ok, other=0).to(tl.int32), hi_last)
     q_off = row[:, None] * sq_r + h * sq_h + head[:, None] * sq_g + offs_d[None, :]
-    q = tl.load(q_ptr + q_off, mask=m_ok[:, None])
-    if FP8:  # as the one-row kernel: products in fp16
+    q = tl.load(q_ptr + q_off, mask=m_ok[:, None], other=0.0)
+    if FP8:  # an fp8 cache: products in fp16, the one type fp8 widens to in one instruction
         q = q.to(tl.float16)
     m_i = tl.full([M_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([M_PAD], tl.float32)
@@ -192,29 +151,16 @@ def slot_attention(
     fp8 = k.element_size() == 1
     t = tune or (SLOT_TUNE_FP8 if fp8 else SLOT_TUNE)
     out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
-    if span > 1:
-        if rows % span:
-            raise ValueError(f"{rows} rows are not runs of {span}")
-        _slot_span_attention_kernel[(rows // span * kv_heads,)](
-            q, k, v, sel, lo, hi, out,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
-            kv_heads, hd**-0.5,
-            G=g, SPAN=span, M_PAD=max(16, triton.next_power_of_2(span * g)), HD=hd,
-            BLOCK_N=t["block_n"], PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            FP8=fp8, num_warps=t["warps"], num_stages=t["stages"],
-        )  # fmt: skip
-        return out.view(rows, -1)
-    g_pad = max(16, triton.next_power_of_2(g))
-    _slot_attention_kernel[(rows * kv_heads,)](
+    if rows % span:
+        raise ValueError(f"{rows} rows are not runs of {span}")
+    _slot_attention_kernel[(rows // span * kv_heads,)](
         q, k, v, sel, lo, hi, out,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         kv_heads, hd**-0.5,
-        G=g, G_PAD=g_pad, HD=hd, BLOCK_N=t["block_n"],
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
-        num_warps=t["warps"], num_stages=t["stages"],
+        G=g, SPAN=span, M_PAD=max(16, triton.next_power_of_2(span * g)), HD=hd,
+        BLOCK_N=t["block_n"], PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        FP8=fp8, num_warps=t["warps"], num_stages=t["stages"],
     )  # fmt: skip
     return out.view(rows, -1)
