@@ -336,8 +336,8 @@ class FastModel:
         if self.ops.slot_attention is None or self.decode_sdpa is not None:
             if tokens.device.type == "cpu":  # no graphs here: read only the filled positions
                 width = int(hi.max())
-            span = torch.arange(width, device=tokens.device)
-            allowed = (span >= lo[:, None]) & (span < hi[:, None])
+            cols = torch.arange(width, device=tokens.device)
+            allowed = (cols >= lo[:, None]) & (cols < hi[:, None])
             neg = torch.finfo(x.dtype).min
             bias4 = torch.where(allowed, 0.0, neg).to(x.dtype)[:, None, None]
         pending: Pending | None = None

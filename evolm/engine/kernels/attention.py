@@ -153,14 +153,18 @@ def slot_attention(
     out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
     if rows % span:
         raise ValueError(f"{rows} rows are not runs of {span}")
+    m_pad = max(16, triton.next_power_of_2(span * g))
+    # a run's queries x head_dim accumulators: more warps past 64 queries (16 drafts of 8
+    # query heads: 256 rows) rather than spilling; plain rows keep the tuned warps
+    warps = t["warps"] if span == 1 else max(t["warps"], min(8, m_pad // 16))
     _slot_attention_kernel[(rows // span * kv_heads,)](
         q, k, v, sel, lo, hi, out,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         kv_heads, hd**-0.5,
-        G=g, SPAN=span, M_PAD=max(16, triton.next_power_of_2(span * g)), HD=hd,
+        G=g, SPAN=span, M_PAD=m_pad, HD=hd,
         BLOCK_N=t["block_n"], PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FP8=fp8, num_warps=t["warps"], num_stages=t["stages"],
+        FP8=fp8, num_warps=warps, num_stages=t["stages"],
     )  # fmt: skip
     return out.view(rows, -1)
