@@ -1,7 +1,12 @@
 #!/bin/bash
 # Keep the lease busy and show where the runs are: bash peek.sh SECONDS NAME...
 # (the machine is given back after 30 idle seconds, and what it holds is lost: chain the calls)
-sleep $1; shift; cd /root/runs
+# Sleeps SECONDS, or less: it returns once none of the named runs is alive.
+end=$(( $(date +%s) + $1 )); shift; cd /root/runs
+while [ "$(date +%s)" -lt $end ]; do
+  alive=0; for r in "$@"; do pgrep -f "hydra.run.dir=/root/runs/$r( |\$)" > /dev/null && alive=1; done
+  [ $alive = 0 ] && break; sleep 5
+done
 for r in "$@"; do echo "== $r"; grep -h -E "generation|Error|error|WARN" $r.log 2>/dev/null | tail -n 2 | cut -c25-300; done
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
 for r in "$@"; do grep -h '"eval/accuracy_mean"' $r/results.jsonl 2>/dev/null | python3 -c "
