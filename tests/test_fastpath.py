@@ -270,6 +270,33 @@ def test_triton_ops_equal_torch_bf16() -> None:
     check_triton_ops(torch.device("cuda"), torch.bfloat16)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("g", [7, 6, 3])  # query heads a KV head: Qwen2.5-0.5B, 1.5B, SmolLM2
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_verify_rows_attention_bit_equal_on_gpu(g: int, kv: str) -> None:
+    """Speculation's verify rows (runs of one slot's consecutive positions, several rows a
+    program) get exactly the attention of one-row programs, the plain decode step's: the
+    greedy tokens of speculation equal plain decoding's only if no bit differs."""
+    from evolm.engine.kernels.attention import slot_attention
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(dev).manual_seed(g)
+    cache = torch.randn(2, 40, 2, 1500, 64, generator=gen, device=dev).to(torch.bfloat16)
+    if kv == "fp8":
+        cache = cache.to(torch.float8_e4m3fn)
+    sel = torch.randperm(40, generator=gen, device=dev)[:24]
+    lo = torch.randint(0, 200, (24,), generator=gen, device=dev)
+    pos = lo + torch.randint(1, 1200, (24,), generator=gen, device=dev)
+    for span in (2, 4, 5, 9):
+        hi = (pos[:, None] + torch.arange(span, device=dev) + 1).reshape(-1)
+        rows = sel.repeat_interleave(span), lo.repeat_interleave(span)
+        q = torch.randn(len(hi), 2, g, 64, generator=gen, device=dev).to(torch.bfloat16)
+        runs = slot_attention(q, cache[0], cache[1], rows[0], rows[1], hi, span=span)
+        one = slot_attention(q, cache[0], cache[1], rows[0], rows[1], hi)
+        assert torch.equal(runs, one), (span, (runs.float() - one.float()).abs().max().item())
+
+
 def check_triton_ops(dev: torch.device, bf16: torch.dtype) -> None:
     """Every Triton kernel against torch on ``dev`` in ``bf16`` (fp32 where interpreted)."""
     import torch.nn.functional as F

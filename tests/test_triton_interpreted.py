@@ -43,7 +43,7 @@ def test_speculative_decoding_equals_plain_in_triton_mode() -> None:
 
 def assert_speculation_exact(spec: dict[str, float]) -> None:
     assert spec["equal"] == 1.0, spec
-    assert spec["span_max_diff"] <= 1e-5, spec  # verify rows' attention: one read a slot
+    assert spec["span_max_diff"] == 0.0, spec  # verify rows' attention: a row's own arithmetic
     assert 0 < spec["spec_steps"] < spec["plain_steps"], spec  # verify steps ran, fewer of them
     assert spec["spec_kept"] > spec["spec_steps"], spec  # and kept drafted tokens
     assert spec["spec_drafted_per_row"] == 3.0, spec  # k = 3 for every row, near its budget too

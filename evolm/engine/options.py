@@ -74,8 +74,8 @@ class LocalOptions:
             rows on the fast path: the same tokens as plain decoding, fewer steps where rows
             repeat themselves (:mod:`evolm.engine.fast.speculate`). 0: off (the default: on
             an H100 it took 8% off a trained 0.5B's tail-bound generation, the same tokens;
-            its verify rows' attention since reads each slot once, not yet measured there:
-            docs/benchmarks.md).
+            a verify kernel reading each slot once took 13-15% off but changed 17 of 2,000
+            answers; its exact successor is not yet measured there: docs/benchmarks.md).
         speculate_rows: with ``speculate``, verify steps once the queue is empty and at most
             this many rows run (``None``: fewer than a tenth of the slots, the tail); a batch
             whose ``speculate + 1`` tokens a row do not fit one forward of the slots takes
