@@ -90,6 +90,30 @@ def qwen() -> torch.nn.Module:
     return build_model("tiny", torch.device("cpu"), torch.float32, seed=3)
 
 
+def test_verify_rows_count_the_running_rows_only(qwen: torch.nn.Module) -> None:
+    """``time/engine_spec_rows`` counts the rows each verify step ran, not the rows that
+    finished since the last host sync (8 steps apart; rows of budgets 3 to 40 finish between
+    syncs): the count of a sync after every step, and ``spec_kept`` at least one token a row."""
+    layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
+    plain = from_model(qwen, layout, fast=True)
+    ids, mask = left_padded(4, 7, qwen.config.vocab_size, seed=4)
+    pop = population(layout, 3)
+    rows, masks = ids.repeat(3, 1), mask.repeat(3, 1)
+    budgets, sampling = [40, 3, 11, 6, 29, 17, 5, 2, 23, 9, 14, 35], Sampling(max_new_tokens=40)
+    counts, outs = [], []
+    for every in (1, 8):
+        spec = with_options(plain, speculate=2, speculate_rows=1000)
+        widen(spec, rows, masks, pop, 40, len(budgets) * 3)
+        assert spec.fast is not None
+        spec.fast.scheduler.check_every = every
+        outs.append(generate_ids(spec, rows, masks, pop, sampling, budgets=budgets, eos_ids=[]))
+        timings = spec.last_timings
+        counts.append(timings["spec_rows"])
+        assert timings["spec_rows"] <= timings["spec_kept"] <= 3 * timings["spec_rows"]
+    assert torch.equal(outs[0], outs[1])
+    assert counts[0] == counts[1] > 0, counts
+
+
 @pytest.mark.parametrize(("k", "slots"), [(1, None), (4, None), (1, 8)])
 def test_speculative_tokens_equal_plain_decoding(
     qwen: torch.nn.Module, k: int, slots: int | None

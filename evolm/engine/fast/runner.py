@@ -100,11 +100,27 @@ class Rows:
         dump = out.shape[0] - 1
         at = torch.where(take, row * widest + index.clamp(max=widest - 1), dump)
         out[at] = torch.where(take, nxt, out[dump])
-        finished = torch.isin(nxt, self.eos) | (index + 1 >= budget)
-        if self.stops is not None:
-            state = torch.where(take, self.stops.advance(state, nxt), state)
-            finished |= state == self.stops.done
-        return take & finished, state
+        return finishes(nxt, torch.isin(nxt, self.eos), take, index, budget, self.stops, state)
+
+
+def finishes(
+    nxt: Tensor,
+    is_eos: Tensor,
+    take: Tensor,
+    index: Tensor,
+    budget: Tensor,
+    stops: StopTable | None,
+    state: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Which of the tokens ``nxt`` (token ``index`` of their rows; ``is_eos``: which are EOS
+    ids) end their row where ``take``: an EOS, the row's ``budget`` reached, or a stop string
+    completed; and the stop automaton's ``state`` advanced where taken. The one finishing rule
+    of plain steps (:meth:`Rows.emit`) and verify steps (:mod:`.speculate`)."""
+    finished = is_eos | (index + 1 >= budget)
+    if stops is not None:
+        state = torch.where(take, stops.advance(state, nxt), state)
+        finished = finished | (state == stops.done)
+    return take & finished, state
 
 
 class ModelRunner:

@@ -333,7 +333,7 @@ class Scheduler:
             if spec is not None and not queue and len(active) <= tail_rows and spec.fits(batch):
                 stats.decoding(self.check_every, len(active), batch, False)
                 for _ in range(self.check_every):
-                    spec.step(batch, lora, len(active))
+                    spec.step(batch, lora)
             else:
                 stats.decoding(self.check_every, len(active), batch, bool(queue))
                 for _ in range(self.check_every):

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from evolm.engine.fast.lora import FastLora
-from evolm.engine.fast.runner import ModelRunner, Rows
+from evolm.engine.fast.runner import ModelRunner, Rows, finishes
 from evolm.engine.fast.workspace import SpecBuffers, Workspace
 from evolm.engine.stops import StopTable
 
@@ -70,22 +70,22 @@ def ngram_drafts(seq: Tensor, valid: Tensor, last: Tensor, k: int) -> Tensor:
 
 @dataclass
 class SpecStats:
-    """Verify steps, their rows, and the tokens they drafted and kept (``time/engine_spec_*``;
-    the kept count stays on the device until read). Rows are counted at the host syncs: a row
-    that finished since counts until it is retired."""
+    """Verify steps, their running rows, and the tokens they drafted and kept
+    (``time/engine_spec_*``; the rows and kept counts stay on the device until read)."""
 
+    k: int
+    rows: Tensor
+    kept: Tensor
     steps: int = 0
-    rows: int = 0
-    drafted: int = 0
-    kept: Tensor | int = 0
 
     def timings(self) -> dict[str, float]:
         if not self.steps:
             return {}
+        rows = float(self.rows)
         return {
             "spec_steps": float(self.steps),
-            "spec_rows": float(self.rows),  # rows of all verify steps
-            "spec_drafted": float(self.drafted),
+            "spec_rows": rows,  # rows of all verify steps
+            "spec_drafted": self.k * rows,
             "spec_kept": float(self.kept),  # tokens a verify step produced, the bonus included
         }
 
@@ -116,16 +116,17 @@ class Speculator:
         shape = torch.tensor([rows.widest, rows.out.shape[0] - 1], dtype=torch.long)
         self.buf.shape.copy_(shape)  # the graphs read this generation's out layout from here
         self.buf.kept.zero_()
-        self.stats = SpecStats(kept=self.buf.kept)
+        self.buf.rows.zero_()
+        self.stats = SpecStats(k, rows=self.buf.rows, kept=self.buf.kept)
 
     def fits(self, batch: int) -> bool:
         """Whether a batch bucket's verify rows fit one forward of the planned slots."""
         return batch <= self.buf.chosen.shape[0]
 
-    def step(self, batch: int, lora: FastLora | None, live: int) -> None:
-        """One verify step of the batch's ``batch`` slots (a bucket that :meth:`fits`; ``live``
-        of them running at the last sync, for the stats): each running row's kept tokens into
-        ``rows.out``, its state advanced as that many plain steps would."""
+    def step(self, batch: int, lora: FastLora | None) -> None:
+        """One verify step of the batch's ``batch`` slots (a bucket that :meth:`fits`): each
+        running row's kept tokens into ``rows.out``, its state advanced as that many plain
+        steps would."""
         stops = self.rows.stops
         key = ("spec", batch, self.k, id(lora), id(stops), self.eos)
         run = verify_step(self.runner, self.ws, self.buf, batch, self.k, lora, stops, self.eos)
@@ -133,8 +134,6 @@ class Speculator:
         at, chosen = self.buf.at[:batch], self.buf.chosen[:batch]
         self.rows.out[at.reshape(-1)] = chosen.reshape(-1)  # the one write outside the graph
         self.stats.steps += 1
-        self.stats.rows += live
-        self.stats.drafted += self.k * live
 
 
 def verify_step(
@@ -172,16 +171,15 @@ def verify_step(
         row, budget, state, done = ws.row[sel], ws.budget[sel], ws.stop[sel], ws.done[sel]
         is_eos = (chosen[:, :, None] == eos_ids).any(2)
         live, kept = ~done, torch.zeros_like(gen)
+        buf.rows.add_(live.sum())
         for j in range(width):  # token j of each row, as plain step j would take it: a taken
             take = live & (agree >= j)  # token's row took tokens 0..j-1 too (its gen + j-th)
             index = gen + j
             into = row * widest + torch.minimum(index, widest - 1)
             buf.at[:batch, j] = torch.where(take, into, dump)
-            finished = is_eos[:, j] | (index + 1 >= budget)
-            if stops is not None:
-                state = torch.where(take, stops.advance(state, chosen[:, j]), state)
-                finished = finished | (state == stops.done)
-            finished = take & finished
+            finished, state = finishes(
+                chosen[:, j], is_eos[:, j], take, index, budget, stops, state
+            )
             kept += take.long()
             done = done | finished
             live = live & ~finished

@@ -66,12 +66,14 @@ class SpecBuffers:
     ``slots`` verify rows holds. ``chosen [rows, width]``: greedy's choice after each token;
     ``at [rows, width]``: where each goes in the caller's ``out`` (its dump cell where not
     kept); ``shape [2]``: that ``out``'s row width and dump index (set once per generation);
-    ``kept``: tokens the verify steps produced since (0-dim)."""
+    ``kept``: tokens the verify steps produced since, ``rows``: the running rows they verified
+    (0-dim each)."""
 
     chosen: Tensor
     at: Tensor
     shape: Tensor
     kept: Tensor
+    rows: Tensor
 
 
 class Workspace:
@@ -140,7 +142,7 @@ class Workspace:
             def z(*shape: int) -> Tensor:
                 return torch.zeros(shape, dtype=torch.long, device=self.device)
 
-            self._spec[width] = SpecBuffers(z(rows, width), z(rows, width), z(2), z())
+            self._spec[width] = SpecBuffers(z(rows, width), z(rows, width), z(2), z(), z())
         return self._spec[width]
 
     def set_batch(self, active: list[int]) -> int:
