@@ -62,6 +62,10 @@ def test_overlays_compose_and_override_the_root(tmp_path: Path) -> None:
         ]
     )  # the held-out puzzles are asked with the run's prompt, worked examples included
     assert [shown.extra_evals[k].shots for k in ("tree_free", "uniform_free")] == [2, 2]
+    # examples by the puzzles' count of numbers, from the command line
+    over = ["experiment=qwen05_paper_countdown_shots", "task.shots={3:2,4:3}"]
+    by_count = compose_config([*over, f"output_dir={tmp_path}"])
+    assert dict(by_count.extra_evals.uniform_free.shots) == {3: 2, 4: 3}
 
 
 def test_the_05b_experiment_is_its_committed_run(tmp_path: Path) -> None:

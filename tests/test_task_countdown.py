@@ -125,6 +125,20 @@ def test_shots_come_first_as_turns_that_solve_their_own_examples(shots: int) -> 
         assert not paper & {tuple(sorted(n)) for n, _, _ in SHOTS}
 
 
+def test_shots_by_count_of_numbers() -> None:
+    """``shots={3: 2, 4: 3}``: a 3-number puzzle gets the two 3-number examples, a 4-number one
+    the 4-number example too (issue 36: the third example cost a 3-number adapter its skill);
+    a count with no entry is refused, naming the key and the puzzle."""
+    task = small(chat_template=True, shots={3: 2, 4: 3})
+    turns: dict[int, set[int]] = {}
+    for example in task.train + task.eval:
+        turns.setdefault(len(example.reference["numbers"]), set()).add(len(example.prompt))
+    assert turns == {3: {1 + 2 * 2 + 1}, 4: {1 + 2 * 3 + 1}}
+    with pytest.raises(ConfigError) as e:
+        small(chat_template=True, shots={3: 2})
+    assert e.value.key == "shots" and "4-number puzzles" in str(e.value)
+
+
 def test_shots_check_every_try_right() -> None:
     """Each worked example's tries compute right, and a try says ``yes`` exactly when it reaches
     the target: the examples teach a check, not a fixed number of tries."""
@@ -241,9 +255,11 @@ def test_missing_data_file(tmp_path: Path) -> None:
         ({"eval_samples": 0}, "eval_samples"),
         ({"generate_count": 0}, "generate_count"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
-        ({"shots": 3}, "shots"),  # two worked examples exist
+        ({"shots": 4, "chat_template": True}, "shots"),  # three worked examples exist
         ({"shots": 1}, "shots"),  # without the chat prompt
         ({"shots": -1, "chat_template": True}, "shots"),
+        ({"shots": {"three": 2}, "chat_template": True}, "shots"),
+        ({"shots": {3: 2, 4: 5}, "chat_template": True}, "shots"),
     ],
 )
 def test_bad_config(kwargs: dict, bad_key: str) -> None:

@@ -81,9 +81,25 @@ def chat_messages(prompt: str) -> tuple[list[dict[str, str]], str]:
     return messages, ASSISTANT_PREFIX
 
 
+def _shots_by_count(
+    shots: int | Mapping[Any, int], chat: bool
+) -> dict[int | None, list[dict[str, str]]]:
+    """``task.shots``'s turns by the puzzles' count of numbers (``None``: every count)."""
+    if not isinstance(shots, Mapping):
+        return {None: _shot_turns(shots, chat)}
+    by_count: dict[int | None, list[dict[str, str]]] = {}
+    for count, n in shots.items():
+        if not (isinstance(count, int) or str(count).isdigit()):
+            raise ConfigError(
+                "shots", f"keys are counts of numbers, got {count!r}", "e.g. shots={3:2,4:3}"
+            )
+        by_count[int(count)] = _shot_turns(n, chat)
+    return by_count
+
+
 def _shot_turns(shots: int, chat: bool) -> list[dict[str, str]]:
     """The user/assistant turns of the first ``shots`` worked examples (``task.shots``)."""
-    if not 0 <= shots <= len(SHOTS):
+    if not (isinstance(shots, int) and 0 <= shots <= len(SHOTS)):
         raise ConfigError("shots", f"must be in [0, {len(SHOTS)}], got {shots}", "e.g. shots=2")
     if shots and not chat:
         raise ConfigError(
@@ -197,6 +213,9 @@ class Countdown(Task):
         shots: worked examples (:data:`~evolm.task.countdown.shots.SHOTS`, at most 3) shown
             before each puzzle as earlier user/assistant turns, with ``chat_template``: the
             paper's prompt otherwise unchanged, its puzzles unchanged; 0 (the paper): none.
+            A mapping from a puzzle's count of numbers to its examples, e.g. ``{3: 2, 4: 3}``:
+            the 4-number example for 4-number puzzles alone (every count in the data needs
+            an entry).
         max_new_tokens, temperature, top_p: decoding (the paper: 1024 tokens, greedy).
         eval_temperature: the temperature of the mean's evaluations (``eval_sampling``);
             ``None``: ``temperature``. E.g. members that sample (``temperature=0.7``), a mean
@@ -237,7 +256,7 @@ class Countdown(Task):
         samples_per_generation: int | None = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
-        shots: int = 0,
+        shots: int | Mapping[int, int] = 0,
         max_new_tokens: int = 1024,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -267,7 +286,7 @@ class Countdown(Task):
             else replace(self.sampling, temperature=eval_temperature)
         )
         self.chat_template = chat_template
-        self._shot_turns = _shot_turns(shots, chat_template)
+        self._shots = _shots_by_count(shots, chat_template)
         check_source(generator, drop_templates, target_min, target_max)
         if drop_size_rules and drop_templates is None:
             raise ConfigError(
@@ -343,7 +362,16 @@ class Countdown(Task):
         if not self.chat_template:
             return Example(prompt=text, reference=reference, source=source)
         messages, prefix = chat_messages(text)
-        messages[1:1] = self._shot_turns
+        count = len(record["numbers"])
+        turns = self._shots.get(None, self._shots.get(count))
+        if turns is None:
+            have = sorted(k for k in self._shots if k is not None)
+            raise ConfigError(
+                "shots",
+                f"has no entry for {count}-number puzzles ({source}); it has {have}",
+                f"add one, e.g. shots={{{count}:2,...}}",
+            )
+        messages[1:1] = turns
         return Example(prompt=messages, reference=reference, assistant_prefix=prefix, source=source)
 
     def train_examples(self, generation: int) -> list[Example]:
