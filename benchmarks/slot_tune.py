@@ -2,7 +2,9 @@
 
 Times the slot attention kernel over launch settings (block of positions, warps, stages) at
 W-real's shape (every slot busy, lengths spread over the whole cache) with its achieved KV
-bandwidth, and one whole decode step (eager, no graph) against its attention share.
+bandwidth, and one whole decode step (eager, no graph) against its attention share;
+``step``: a graphed decode step and its kernels; ``tiles``: a tail's plain and verify steps'
+attention by tile height, and whether verify rows are bit-equal to plain rows.
 """
 
 from __future__ import annotations
@@ -150,9 +152,54 @@ def step_profile(
     return out
 
 
+@torch.inference_mode()
+def tiles(shape: str = "qwen2.5-0.5b", rows: int = 300, positions: int = 1400, k: int = 4) -> dict:
+    """A generation's tail, one layer's attention: ``rows`` slots busy at lengths over
+    129..``positions``, as a plain step (one row each) and as a verify step (each row's
+    ``k + 1`` verify rows), for each tile height (``SLOT_TUNE["tile"]``: 16 is the engine's;
+    64 puts a 0.5B row's 5 verify rows in one program). Also whether each verify row's output
+    is bit-equal to the plain program's at the same position (speculation's exactness)."""
+    from evolm.engine.kernels.attention import SLOT_TUNE, verify_chunk
+
+    dev = torch.device("cuda")
+    fast = FastModel(build_model(shape, dev, torch.bfloat16, seed=0))
+    kvh, hd, g = fast.kv_heads, fast.head_dim, fast.heads // fast.kv_heads
+    cache = fast.new_cache(rows + 1, positions + k + 1, None)
+    fill(cache.k[0])
+    fill(cache.v[0])
+    gen = torch.Generator(device=dev).manual_seed(0)
+    sel = torch.randperm(rows, device=dev, generator=gen)
+    hi = torch.randint(129, positions + 1, (rows,), device=dev, generator=gen)
+    lo = torch.randint(0, 8, (rows,), device=dev, generator=gen)
+    width = k + 1
+    run_hi = (hi[:, None] + torch.arange(width, device=dev)).reshape(-1)
+    each = lambda t: t.repeat_interleave(width)  # noqa: E731
+    q = torch.randn(rows * width, kvh, g, hd, device=dev, dtype=torch.bfloat16)
+    k0, v0 = cache.k[0], cache.v[0]
+    out: dict = {"shape": shape, "rows": rows, "k": k, "g": g, "tiles": []}
+    for tile in (16, 32, 64):
+        tune = {**SLOT_TUNE, "tile": tile}
+        plain = lambda t=tune: slot_attention(q[::width], k0, v0, sel, lo, hi, t)  # noqa: E731
+        verify = lambda t=tune: slot_attention(  # noqa: E731
+            q, k0, v0, each(sel), each(lo), run_hi, t, span=width
+        )
+        one = slot_attention(q, k0, v0, each(sel), each(lo), run_hi, tune)
+        out["tiles"].append(
+            {
+                "tile": tile,
+                "rows_a_program": verify_chunk(g, tile),
+                "plain_ms": timed(plain) * 1e3,
+                "verify_ms": timed(verify) * 1e3,
+                "verify_bit_equal": bool(torch.equal(verify(), one)),
+            }
+        )
+    print(json.dumps(out))
+    return out
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(prog="python -m benchmarks.slot_tune")
-    p.add_argument("what", nargs="?", default="attention", choices=["attention", "step"])
+    p.add_argument("what", nargs="?", default="attention", choices=["attention", "step", "tiles"])
     p.add_argument("--shape", default="qwen2.5-1.5b")
     p.add_argument("--rows", type=int)
     p.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
@@ -160,5 +207,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     if a.what == "step":
         step_profile(a.shape, a.rows or 6000, kv=a.kv, quantize=not a.bf16_gemms)
+    elif a.what == "tiles":
+        tiles(a.shape, a.rows or 300)
     else:
         main(a.shape, a.rows or 3000, kv=a.kv)

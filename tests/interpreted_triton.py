@@ -87,20 +87,21 @@ def check_span_attention() -> float:
     chunks of a run in one program reading the slot's cache once) against the one-row
     kernel, on random data: three runs of different slots, prompt starts and ends (one run
     across more than one block of 64 positions), with 3 query heads per KV head (runs of 4
-    rows in one program) and 7 (runs of 5 in programs of 2, 2 and 1). Returns the largest
-    difference."""
-    from evolm.engine.kernels.attention import slot_attention
+    rows in one program) and 7 (runs of 5 in programs of 2, 2 and 1; in one, with 64-row
+    tiles). Returns the largest difference."""
+    from evolm.engine.kernels.attention import SLOT_TUNE, slot_attention
 
     gen = torch.Generator().manual_seed(0)
     k, v = torch.randn(2, 5, 2, 150, 16, generator=gen)
     sel, lo, pos = torch.tensor([3, 1, 4]), torch.tensor([0, 5, 2]), torch.tensor([10, 130, 33])
     worst = 0.0
-    for g, span in ((3, 4), (7, 5)):
+    for g, span, tile in ((3, 4, 16), (7, 5, 16), (7, 5, 64)):
         hi = (pos[:, None] + torch.arange(span) + 1).reshape(-1)
         rows = sel.repeat_interleave(span), lo.repeat_interleave(span)
         q = torch.randn(len(hi), 2, g, 16, generator=gen)
-        runs = slot_attention(q, k, v, rows[0], rows[1], hi, span=span)
-        one = slot_attention(q, k, v, rows[0], rows[1], hi)  # after: no buffer of its reused
+        tune = {**SLOT_TUNE, "tile": tile}  # 64: a run of 5 rows of 7 queries in one program
+        runs = slot_attention(q, k, v, rows[0], rows[1], hi, tune, span=span)
+        one = slot_attention(q, k, v, rows[0], rows[1], hi, tune)  # after: no buffer reused
         diff = (runs - one).abs().nan_to_num(nan=float("inf"))  # an unwritten row: NaN
         worst = max(worst, float(diff.max()))
     return worst

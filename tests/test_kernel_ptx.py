@@ -63,7 +63,8 @@ def test_verify_programs_run_the_one_row_programs_float_instructions(
     shapes, bf16 and fp8 caches: a program of a run's rows (``slot_attention(span=...)``, as
     many rows as one row's tile holds) runs the one-row program's floating-point instructions
     in the same order; only its integer index math differs. A whole run of 5 rows in one tile,
-    the first version, runs others (``wgmma``) at ``g`` = 7."""
+    the first version, runs others (``wgmma``) at ``g`` = 7, which are the one-row program's
+    only where its tile is as high (``SLOT_TUNE["tile"]`` = 64)."""
     tile, chunk = attention.query_tile(g), attention.verify_chunk(g)
     one = float_ops(g, hd, 1, fp8, 1, tile)
     assert any("mma" in op for op in one)
@@ -72,3 +73,6 @@ def test_verify_programs_run_the_one_row_programs_float_instructions(
     if g == 7 and not fp8:
         whole = float_ops(g, hd, 5, fp8, 5, triton.next_power_of_2(5 * g))
         assert whole != one and any("wgmma" in op for op in whole)
+        # a 64-row tile for every program (SLOT_TUNE["tile"] = 64): a run in one program,
+        # the plain rows' programs in the same tile, the same instructions again
+        assert float_ops(g, hd, 1, fp8, 1, 64) == whole

@@ -123,11 +123,14 @@ def _slot_attention_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
 
 
-SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3}  # H200: 4.0 TB/s (slot_tune)
+SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3, "tile": 16}  # H200: 4.0 TB/s (slot_tune)
 # an fp8 cache (H100, 1.5B shape, 1,600 rows): 0.235 ms per layer against bf16's 0.377; on an
 # H200 at 6,000 rows (``slot_tune --kv fp8 --rows 6000``) 2 warps: 0.627 vs 0.666 ms (3.1 TB/s:
 # widening fp8 to fp16 and the g-row dots, not HBM, bound it)
-SLOT_TUNE_FP8 = {"block_n": 64, "warps": 2, "stages": 3}
+SLOT_TUNE_FP8 = {"block_n": 64, "warps": 2, "stages": 3, "tile": 16}
+# "tile": a program's query rows at least (``query_tile``); plain and verify programs share it,
+# so a 64-row tile would put a 0.5B row's 5 verify rows in one program (one cache read) and
+# every plain row's 7 queries in 64 rows: ``slot_tune tiles`` times both
 
 
 def slot_attention(
@@ -160,7 +163,8 @@ def slot_attention(
     out = torch.empty(rows, kv_heads, g, hd, dtype=q.dtype, device=q.device)
     if rows % span:
         raise ValueError(f"{rows} rows are not runs of {span}")
-    chunk = min(span, verify_chunk(g))
+    least = t.get("tile", MIN_TILE)
+    tile, chunk = query_tile(g, least), min(span, verify_chunk(g, least))
     programs = rows // span * -(-span // chunk) * kv_heads
     _slot_attention_kernel[(programs,)](
         q, k, v, sel, lo, hi, out,
@@ -168,19 +172,22 @@ def slot_attention(
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         kv_heads, hd**-0.5,
-        G=g, SPAN=span, CHUNK=chunk, M_PAD=query_tile(g), HD=hd,
+        G=g, SPAN=span, CHUNK=chunk, M_PAD=tile, HD=hd,
         BLOCK_N=t["block_n"], PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP8=fp8, num_warps=t["warps"], num_stages=t["stages"],
     )  # fmt: skip
     return out.view(rows, -1)
 
 
-def query_tile(g: int) -> int:
+MIN_TILE = 16  # tl.dot's smallest
+
+
+def query_tile(g: int, least: int = MIN_TILE) -> int:
     """The query rows of a slot-attention program's tile: one row's ``g`` query heads, padded
-    to a power of two of at least 16 (``tl.dot``'s smallest)."""
-    return max(16, triton.next_power_of_2(g))
+    to a power of two of at least ``least`` (the tuning's ``tile``)."""
+    return max(least, triton.next_power_of_2(g))
 
 
-def verify_chunk(g: int) -> int:
+def verify_chunk(g: int, least: int = MIN_TILE) -> int:
     """Verify rows a slot-attention program takes at once: as many as one row's tile holds."""
-    return max(1, query_tile(g) // g)
+    return max(1, query_tile(g, least) // g)
