@@ -123,11 +123,12 @@ def _slot_attention_kernel(
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
 
 
-SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3, "tile": 16}  # H200: 4.0 TB/s (slot_tune)
+MIN_TILE = 16  # tl.dot's smallest
+SLOT_TUNE = {"block_n": 64, "warps": 4, "stages": 3, "tile": MIN_TILE}  # H200: 4.0 TB/s (slot_tune)
 # an fp8 cache (H100, 1.5B shape, 1,600 rows): 0.235 ms per layer against bf16's 0.377; on an
 # H200 at 6,000 rows (``slot_tune --kv fp8 --rows 6000``) 2 warps: 0.627 vs 0.666 ms (3.1 TB/s:
 # widening fp8 to fp16 and the g-row dots, not HBM, bound it)
-SLOT_TUNE_FP8 = {"block_n": 64, "warps": 2, "stages": 3, "tile": 16}
+SLOT_TUNE_FP8 = {"block_n": 64, "warps": 2, "stages": 3, "tile": MIN_TILE}
 # "tile": a program's query rows at least (``query_tile``); plain and verify programs share it,
 # so a 64-row tile would put a 0.5B row's 5 verify rows in one program (one cache read) and
 # every plain row's 7 queries in 64 rows: ``slot_tune tiles`` times both
@@ -177,9 +178,6 @@ def slot_attention(
         FP8=fp8, num_warps=t["warps"], num_stages=t["stages"],
     )  # fmt: skip
     return out.view(rows, -1)
-
-
-MIN_TILE = 16  # tl.dot's smallest
 
 
 def query_tile(g: int, least: int = MIN_TILE) -> int:
