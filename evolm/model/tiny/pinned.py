@@ -8,12 +8,16 @@ weights: even in float64, the 800-step countdown build gave three different mode
 AVX-512, AVX2 and default kernels on one AMD EPYC (the demo then learned different things).
 
 So :func:`build_pinned` runs the build in a fresh process with ``ATEN_CPU_CAPABILITY=avx2``,
-``MKL_CBWR=AVX2,STRICT`` (MKL's conditional numerical reproducibility: the same results on
-every CPU that runs that code path) and one thread: the instructions every AVX2 CPU executes
-alike (in float64 none of them is an approximation, unlike AVX-512's ``rcp14``). The same bytes
-came out with glibc's AVX-512 dispatch switched off (``GLIBC_TUNABLES``) and with 2 threads
-asked for. A CPU without AVX2 builds with ATen's default kernels and MKL's compatible path
-instead, and says that its bytes differ. The build's log lines reach the caller's loggers.
+``MKL_CBWR=COMPATIBLE,STRICT`` and one thread: the instructions every AVX2 CPU executes alike
+(in float64 none of them is an approximation, unlike AVX-512's ``rcp14``). MKL's branch is
+its compatible one (SSE2 without the approximate reciprocals) because its ``AVX2`` branch is
+reproducible on Intel CPUs only: elsewhere MKL quietly runs its ``AUTO`` branch instead (its
+developer guide, "Getting Started with Conditional Numerical Reproducibility"). Pinned to
+``AVX2``, an AMD EPYC and an Intel Xeon built different models (session 24); to
+``COMPATIBLE`` the branch is the same code on both. The same bytes came out with glibc's AVX-512
+dispatch switched off (``GLIBC_TUNABLES``) and with 2 threads asked for. A CPU without AVX2
+builds with ATen's default kernels instead, and says that its bytes differ. The build's log
+lines reach the caller's loggers.
 """
 
 from __future__ import annotations
@@ -38,17 +42,13 @@ logger = logging.getLogger(__name__)
 
 PINNED_KERNELS: dict[str, str] = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "AVX2,STRICT",
+    "MKL_CBWR": "COMPATIBLE,STRICT",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
 """The build process's environment on a CPU with AVX2."""
 
-NO_AVX2_KERNELS: dict[str, str] = {
-    **PINNED_KERNELS,
-    "ATEN_CPU_CAPABILITY": "default",
-    "MKL_CBWR": "COMPATIBLE,STRICT",
-}
+NO_AVX2_KERNELS: dict[str, str] = {**PINNED_KERNELS, "ATEN_CPU_CAPABILITY": "default"}
 """... and on one without (its bytes differ from :data:`PINNED_KERNELS`' builds)."""
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the builder's output changes for the same spec: old cache entries are then ignored.
-TINY_BUILD_VERSION = 4  # 4: built in a process with pinned CPU kernels (.pinned)
+TINY_BUILD_VERSION = 5  # 4: built with pinned CPU kernels (.pinned); 5: MKL's COMPATIBLE branch
 MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads at the first request.
 MIN_VOCAB_SIZE = 512  # 256 byte-level symbols + 3 special tokens + room for merges.
 
