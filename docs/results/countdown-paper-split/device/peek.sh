@@ -11,7 +11,7 @@ for r in "$@"; do echo "== $r"; grep -h -E "generation|Error|error|WARN" $r.log 
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
 for r in "$@"; do grep -h '"eval/accuracy_mean"' $r/results.jsonl 2>/dev/null | python3 -c "
 import json,sys
-keys=('accuracy_mean','accuracy_lift','blind_accuracy','accuracy_beyond_shortcuts','accuracy/no_rule','accuracy/n3','completion_tokens','tree_free/accuracy_mean','uniform_free/accuracy_mean')
+keys=('accuracy_mean','accuracy_lift','blind_accuracy','accuracy_beyond_shortcuts','accuracy/no_rule','accuracy/n3','accuracy/n4','completion_tokens','tree_free/accuracy_mean','uniform_free/accuracy_mean')
 for l in sys.stdin:
     d=json.loads(l); print('$r', d['generation'], {k:round(d['eval/'+k],3) for k in keys if 'eval/'+k in d})"; done
 for r in "$@"; do tail -n 1 $r/results.jsonl 2>/dev/null | python3 -c "
