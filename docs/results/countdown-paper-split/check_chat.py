@@ -13,7 +13,9 @@ SHOTS_JSON=FILE (a run with ``task.shots``): the worked examples' user and assis
 put between the system message and the puzzle's, as the run showed them. evolm writes them:
 ``python -c "import json; from evolm.task.countdown import Countdown; print(json.dumps(Countdown(
 data_file='countdown.json', chat_template=True, shots=2).train[0].prompt[1:-1]))"``
-(session-12/shots.json).
+(session-12/shots.json). A run with examples by count (``task.shots={3:2,4:3}``) takes a JSON
+object of such lists keyed by the count of numbers (``{"3": [...], "4": [...]}``), each puzzle
+getting its count's examples (session-25/shots-by-count.json).
 """
 
 import json
@@ -35,13 +37,23 @@ PREFIX = "Let me solve this step by step.\n<think>"
 SHOTS = json.loads(Path(os.environ["SHOTS_JSON"]).read_text()) if "SHOTS_JSON" in os.environ else []
 
 
-def chat_prompt(tok, context: str) -> str:
-    """The record's verbatim prompt as system (its first sentence) + user (the rest) messages and
-    the assistant's opening: what ``task.chat_template=true`` sends."""
-    system, rest = re.match(r"(.*?the answer\.)(Using .*)", context, re.DOTALL).groups()
+def messages(record: dict, shots: list | dict) -> list[dict]:
+    """The record's verbatim prompt as system (its first sentence) + user (the rest) messages, with
+    the worked examples between them (``shots``: one list, or lists keyed by the count of
+    numbers): what ``task.chat_template=true`` sends before the assistant's opening."""
+    system, rest = re.match(r"(.*?the answer\.)(Using .*)", record["context"], re.DOTALL).groups()
     user = rest.removesuffix(PREFIX)
-    messages = [{"role": "system", "content": system}, *SHOTS, {"role": "user", "content": user}]
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + PREFIX
+    shots = shots[str(len(record["numbers"]))] if isinstance(shots, dict) else shots
+    return [{"role": "system", "content": system}, *shots, {"role": "user", "content": user}]
+
+
+def chat_prompt(tok, record: dict) -> str:
+    """The prompt text: :func:`messages` in the tokenizer's chat template + the assistant's
+    opening."""
+    chat = tok.apply_chat_template(
+        messages(record, SHOTS), tokenize=False, add_generation_prompt=True
+    )
+    return chat + PREFIX
 
 
 def main() -> None:
@@ -59,7 +71,7 @@ def main() -> None:
     start, texts = time.time(), []
     batch = int(sys.argv[6]) if len(sys.argv) > 6 else (100 if gpu else 20)
     for i in range(0, len(records), batch):
-        chunk = [chat_prompt(tok, r["context"]) for r in records[i : i + batch]]
+        chunk = [chat_prompt(tok, r) for r in records[i : i + batch]]
         enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
         enc = enc.to(model.device)
         with torch.no_grad():
