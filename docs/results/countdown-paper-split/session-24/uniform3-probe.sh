@@ -4,16 +4,27 @@
 # evolm's own generated puzzles, not the paper's), greedy, task.shots=2 (z3's prompt), 1,024
 # tokens, as the run's eval asks them. ~9-10 min each on the developers' 2-core machine.
 #   bash uniform3-probe.sh NAME ADAPTER [GENERATOR]
-# GENERATOR: uniform (the default) or tree (extra_evals.tree_free's 3-number puzzles, session 25).
+# GENERATOR: uniform (the default) or tree (extra_evals.tree_free's 3-number puzzles, session 25),
+# or paper:N (the first N 3-number puzzles of the paper's 2,000 test puzzles, from
+# ../shared/data/countdown/countdown.json or $EVOLM_COUNTDOWN_JSON; strip the answers with
+# puzzles.py before committing them).
 set -e
 NAME=$1; ADAPTER=$2; GEN=${3:-uniform}
-FILE=${TMPDIR:-/tmp}/$GEN-free-3.json
+FILE=${TMPDIR:-/tmp}/${GEN/:/-}-3.json
 python3 - "$FILE" "$GEN" <<'PY'
 import json, sys
 from evolm.task.countdown import Countdown
-held = Countdown(generator=sys.argv[2], seed=1, generate_count=201, train_size=1,
-                 samples_per_generation=1, eval_samples=200, drop_templates="test")
-three = [e.reference for e in held.eval if len(e.reference["numbers"]) == 3]
+gen = sys.argv[2]
+if gen.startswith("paper:"):
+    import os
+    paper = os.environ.get("EVOLM_COUNTDOWN_JSON", "../shared/data/countdown/countdown.json")
+    test = json.load(open(paper))[-2000:]
+    three = [{"numbers": r["numbers"], "target": str(r["target"])} for r in test
+             if len(r["numbers"]) == 3][: int(gen.split(":")[1])]
+else:
+    held = Countdown(generator=gen, seed=1, generate_count=201, train_size=1,
+                     samples_per_generation=1, eval_samples=200, drop_templates="test")
+    three = [e.reference for e in held.eval if len(e.reference["numbers"]) == 3]
 json.dump([{"numbers": [1, 2, 3], "target": "6"}] + three, open(sys.argv[1], "w"))  # 1 to train
 PY
 N=$(python3 -c "import json, sys; print(len(json.load(open(sys.argv[1]))) - 1)" "$FILE")
@@ -23,4 +34,4 @@ python -m evolm task=countdown model=qwen2.5-coder-0.5b-instruct \
   'task.stop=["</answer>"]' task.format_weight=0 task.samples_per_generation=1 \
   es.population_size=2 es.sigma=0.0005 es.alpha=1e-30 generations=1 eval_start=false \
   eval_every=1000 train_mean=false server.threads=null logger=none callbacks.samples.count=$N \
-  lora.init_from="$ADAPTER" hydra.run.dir="outputs/${GEN}3-probe/$NAME"
+  lora.init_from="$ADAPTER" hydra.run.dir="outputs/${GEN/:/-}3-probe/$NAME"
