@@ -6,19 +6,19 @@
 #   bash uniform3-probe.sh NAME ADAPTER [GENERATOR]
 # GENERATOR: uniform (the default) or tree (extra_evals.tree_free's 3-number puzzles, session 25),
 # or paper:N (the first N 3-number puzzles of the paper's 2,000 test puzzles, from
-# ../shared/data/countdown/countdown.json or $EVOLM_COUNTDOWN_JSON; strip the answers with
-# puzzles.py before committing them).
+# ../shared/data/countdown/countdown.json beside the checkout or $EVOLM_COUNTDOWN_JSON; strip
+# the answers with puzzles.py before committing them). ~28 min for the tree's 112 puzzles.
 set -e
 NAME=$1; ADAPTER=$2; GEN=${3:-uniform}
 FILE=${TMPDIR:-/tmp}/${GEN/:/-}-3.json
-python3 - "$FILE" "$GEN" <<'PY'
+HERE=$(cd "$(dirname "$0")" && pwd)
+DATA=${EVOLM_COUNTDOWN_JSON:-$HERE/../../../../../shared/data/countdown/countdown.json}
+python3 - "$FILE" "$GEN" "$DATA" <<'PY'
 import json, sys
 from evolm.task.countdown import Countdown
 gen = sys.argv[2]
 if gen.startswith("paper:"):
-    import os
-    paper = os.environ.get("EVOLM_COUNTDOWN_JSON", "../shared/data/countdown/countdown.json")
-    test = json.load(open(paper))[-2000:]
+    test = json.load(open(sys.argv[3]))[-2000:]
     three = [{"numbers": r["numbers"], "target": str(r["target"])} for r in test
              if len(r["numbers"]) == 3][: int(gen.split(":")[1])]
 else:
