@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoConfig
 
+from evolm.lora import LoraLayout, LoraSpec, save_adapter
 from evolm.task.countdown import Countdown
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,12 +30,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _check_chat() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_chat", PAGE / "check_chat.py")
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, PAGE / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _check_chat() -> ModuleType:
+    return _load("check_chat")
 
 
 def _records() -> list[dict]:
@@ -64,3 +75,64 @@ def test_examples_by_count_differ_by_count() -> None:
     four = next(r for r in records if len(r["numbers"]) == 4)
     assert check.messages(three, shots)[1:-1] != check.messages(four, shots)[1:-1]
     assert len(check.messages(four, shots)) == len(check.messages(three, shots)) + 2
+
+
+def test_heldout_sets_are_the_experiments_extra_evals() -> None:
+    """heldout_sets.py writes the puzzles the runs evaluated as tree_free and uniform_free: its
+    fields equal the experiment's, and its records are the puzzles a task built from them holds."""
+    sets = _load("heldout_sets")
+    conf = OmegaConf.load(REPO / "conf/experiment/qwen05_paper_countdown.yaml").extra_evals
+    for name in sets.SETS:
+        held = conf[name]
+        assert {k: held[k] for k in sets.HELD} == sets.HELD
+        assert held.generator == name.removesuffix("_free")
+        records = sets.records(name)
+        task = Countdown(generator=held.generator, **sets.HELD)
+        assert [(r["numbers"], r["target"]) for r in records] == [
+            (list(e.reference["numbers"]), str(e.reference["target"])) for e in task.eval
+        ]
+        assert len(records) == 200 and {len(r["numbers"]) for r in records} == {3, 4}
+
+
+def test_the_outside_check_sends_evolms_messages_on_the_heldout_sets() -> None:
+    """With examples by count, check_chat.py asks each of evolm's held-out puzzles what the
+    run's extra eval asked it."""
+    check, sets = _check_chat(), _load("heldout_sets")
+    committed = json.loads((PAGE / "session-25/shots-by-count.json").read_text())
+    for name in sets.SETS:
+        task = Countdown(
+            generator=name.removesuffix("_free"), chat_template=True, shots={3: 2, 4: 3},
+            **sets.HELD,
+        )  # fmt: skip
+        for record, example in zip(sets.records(name), task.eval, strict=True):
+            assert check.messages(record, committed) == example.prompt
+
+
+def test_the_outside_check_runs_on_other_puzzles(tmp_path: Path, tiny_model_dir: str) -> None:
+    """check_chat.py end to end on the CPU with PUZZLES_JSON: a real PEFT adapter on the tiny
+    model, two of evolm's held-out puzzles, each answer scored and named with its puzzle."""
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec())
+    gen = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(shape, generator=gen) * 0.1 for shape in layout.shapes()]
+    save_adapter(tmp_path / "adapter", layout, tensors, base_model=tiny_model_dir)
+    puzzles = _load("heldout_sets").records("uniform_free")[:3]
+    (tmp_path / "puzzles.json").write_text(json.dumps(puzzles))
+    out = tmp_path / "check.json"
+    env = {**os.environ, "PUZZLES_JSON": str(tmp_path / "puzzles.json"), "FIRST": "1"}
+    args = [tiny_model_dir, str(tmp_path / "adapter"), str(out), "2", "8", "2"]
+    done = subprocess.run(
+        [sys.executable, str(PAGE / "check_chat.py"), *args],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["first"], result["puzzles"], result["max_new_tokens"]) == (1, 2, 8)
+    answers = result["answers"]
+    assert [(a["puzzle"], a["numbers"], a["target"]) for a in answers] == [
+        (p["id"], p["numbers"], p["target"]) for p in puzzles[1:3]
+    ]
+    check = _check_chat()  # the outside scorer (../shared/tools/countdown_check.py)
+    right = [check.reward(a["completion"], a["numbers"], a["target"])[2] > 0 for a in answers]
+    assert [a["correct"] for a in answers] == right
+    assert result["accuracy"] == sum(right) / 2
+    assert sum(int(v.split("/")[1]) for v in result["by_family"].values()) == 2

@@ -16,6 +16,9 @@ data_file='countdown.json', chat_template=True, shots=2).train[0].prompt[1:-1]))
 (session-12/shots.json). A run with examples by count (``task.shots={3:2,4:3}``) takes a JSON
 object of such lists keyed by the count of numbers (``{"3": [...], "4": [...]}``), each puzzle
 getting its count's examples (session-25/shots-by-count.json).
+PUZZLES_JSON=FILE: other puzzles than the paper's test split, in countdown.json's fields (``id``,
+``context``, ``numbers``, ``target``): evolm's template-free held-out sets, as heldout_sets.py
+writes them. Their answers also carry each puzzle's numbers and target (they are evolm's own).
 """
 
 import json
@@ -62,7 +65,9 @@ def main() -> None:
     max_new = int(sys.argv[5]) if len(sys.argv) > 5 else 1024
     gpu = torch.cuda.is_available()
     first = int(os.environ.get("FIRST", "0"))
-    records = json.loads(DATA.read_text())[-2000:][first : first + n]
+    puzzles = os.environ.get("PUZZLES_JSON")
+    source = json.loads(Path(puzzles).read_text() if puzzles else DATA.read_text())
+    records = (source if puzzles else source[-2000:])[first : first + n]
     tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.bfloat16 if gpu else torch.float32
@@ -107,8 +112,11 @@ def summary(
         "format": sum(s[1] for s in scores) / len(records),
         "by_family": {f: f"{c}/{t}" for f, (t, c) in sorted(by.items())},
         "seconds": round(time.time() - start),
-        # the paper's puzzles by id (countdown.json is non-commercial: not copied, puzzles.py)
-        "answers": [{"puzzle": r["id"], "completion": t, "correct": s[2] > 0}
+        # the paper's puzzles by id (countdown.json is non-commercial: not copied, puzzles.py);
+        # other puzzles (PUZZLES_JSON) with their numbers and target
+        "answers": [{"puzzle": r["id"], **({} if "PUZZLES_JSON" not in os.environ else
+                     {"numbers": r["numbers"], "target": r["target"]}),
+                     "completion": t, "correct": s[2] > 0}
                     for r, t, s in zip(records, texts, scores, strict=True)],
     }  # fmt: skip
 
