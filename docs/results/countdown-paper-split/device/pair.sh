@@ -4,8 +4,8 @@
 # (server.gpu_memory_utilization) would not do: a plan subtracts what the other run holds.
 #   bash pair.sh SECONDS NAME "overrides" [NAME "overrides" ...]
 # After setup.sh, the 8 pieces in /root/p and `bash launch.sh 0 0 - q05 convert`.
-# ROWS=N: another cap. With the 4-number examples (task.shots={3:2,4:3}) a row holds 1,872
-# positions (22 MiB): beside an outside check (17 GB) on an H100 at most 2,226 rows fit, so
+# ROWS=N: another cap. With the 4-number examples (task.shots={3:2,4:3}) a training row holds
+# 1,856 positions (22 MiB): beside an outside check (17 GB) on an H100 at most 2,226 rows fit, so
 # ROWS=2000 (session 26: at 3,000, z6 stopped at its first training generation).
 T=$1; shift
 d=$(dirname "$0")
