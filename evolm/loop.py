@@ -279,6 +279,7 @@ class ESLoop:
         clock = TrainClock(self.time_budget_s, self.eval_every_s, spent)
         if state.generation == 0:
             if self.eval_start:
+                self.check_generation_fits()
                 last_eval = self._evaluate(ctx, state)
             data = {M.data_stat(k): v for k, v in self.task.data_stats().items()}
             self._emit(ctx, GenerationRecord(generation=0, eval=last_eval, data=data), state)
@@ -292,6 +293,18 @@ class ESLoop:
                 record = replace(record, eval=last_eval)
             self._emit(ctx, replace(record, train_s=clock.train_s), state)
         return state, {M.GENERATION: state.generation, **last_eval}
+
+    def check_generation_fits(self) -> None:
+        """Before the start eval: the engine must hold a generation's call (every member, and
+        the mean with ``train_mean``, on generation 1's prompts; this rank's share of the rows).
+        The eval's call has fewer rows, so a memory cap that cannot hold a generation's (a fixed
+        ``server.max_batch_rows`` too large for the memory left) would otherwise stop the run
+        at generation 1, after the eval (:meth:`Engine.check_rows`)."""
+        examples = self.task.train_examples(1)
+        members = self.strategy.population_size + (1 if self.train_mean else 0)
+        rows = -(-members * len(examples) // self.comm.world_size)
+        prompts = [render(self.engine, e) for e in examples]
+        self.engine.check_rows(prompts, rows, self.task.sampling)
 
     def _due(self, generation: int, marked: bool, clock: TrainClock) -> bool:
         """Whether the mean is evaluated after ``generation`` (besides the last); a timed run's

@@ -6,13 +6,16 @@ must equal the HF path's one batch and transformers' generate."""
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig
 
 from benchmarks.harness import from_model, generate_ids, with_options
+from evolm.callbacks.base import Callback, RunContext, Sample
 from evolm.engine.backend import TokenRequest
 from evolm.engine.fast.model import to_cache
 from evolm.engine.fast.plan import (
@@ -29,8 +32,11 @@ from evolm.engine.local import LocalEngine
 from evolm.engine.texts import RowDecoder
 from evolm.errors import ConfigError
 from evolm.es import ES
+from evolm.evaluate import render
+from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
+from evolm.task.conciseness import Conciseness
 
 PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow, please."]
 
@@ -403,6 +409,46 @@ def test_host_memory_is_shared_by_the_ranks_on_it(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     shared, _ = host_memory()
     assert shared <= alone // 4 + alone // 20  # the free memory moves a little between reads
+
+
+class EvalSpy(Callback):
+    """Records the generations the mean was evaluated at."""
+
+    def __init__(self) -> None:
+        self.evals: list[int] = []
+
+    def on_eval(self, ctx: RunContext, generation: int, samples: Sequence[Sample]) -> None:
+        self.evals.append(generation)
+
+
+def test_a_generation_too_large_stops_the_run_before_its_start_eval(
+    tiny_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's start eval has fewer rows than its generations (here 8 against 2 x 20,001), so
+    a memory cap that holds the eval but not a generation stopped runs one eval late (session
+    26: a 98 s eval, then `server.max_batch_rows` at generation 1). The loop now checks a
+    generation's call first. The host's memory is shared among ``LOCAL_WORLD_SIZE`` ranks;
+    that many are set here that this rank holds the eval's rows 10 times over and a
+    generation's not at all, on any machine."""
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec(rank=2))
+    engine = LocalEngine(tiny_model_dir, layout, device="cpu")  # no workspace yet
+    task = Conciseness(max_new_tokens=900)
+    evals = [render(engine, e) for e in task.eval_examples()]
+    shape = engine.fast.scheduler.shape(None)
+    chunk = prefill_tokens(shape, 0)
+    slot = plan_slots(shape, 1, 1024, True, chunk, 0.9, None, None).per_slot
+    need = 10 * (len(evals) * slot + chunk * activation_bytes(shape))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(max(1, host_memory()[0] // need)))
+    engine.check_rows(evals, len(evals), task.sampling)  # the eval's call fits
+    strategy = ES(population_size=20_000, sigma=0.01)
+    state = strategy.init([torch.zeros(s) for s in layout.shapes()], seed=0)
+    spy = EvalSpy()
+    loop = ESLoop(strategy, task, engine, layout, 3, 1, 0, [spy])
+    with pytest.raises(ConfigError) as err:
+        loop.run(state, RunContext(tmp_path, 3, layout, "tiny"))
+    assert err.value.key == "server.max_batch_rows"
+    assert f"{2 * 20_001} rows decoding at once" in str(err.value)
+    assert spy.evals == [] and engine.fast.scheduler.workspace is None  # nothing ran
 
 
 def test_buckets_cover_every_batch() -> None:

@@ -126,6 +126,13 @@ class Engine(Protocol):
         return [texts[m * n : (m + 1) * n] for m in range(members)]
 
     # -- optional hooks (no-op defaults) ----------------------------------------------------
+    def check_rows(self, prompts: Sequence[str], rows: int, sampling: Sampling) -> None:
+        """Raise the :class:`~evolm.errors.ConfigError` that a call of ``rows`` rows over
+        ``prompts`` would raise for lack of memory, before any such call: a run checks its
+        generations' calls before its start eval (fewer rows), so a cap that cannot hold them
+        stops it there, not one eval later. Engines that plan no memory of their own (servers
+        do theirs): nothing."""
+
     @property
     def last_timings(self) -> Mapping[str, float]:
         """Seconds (or counts) of the last ``generate``'s phases, logged as ``time/engine_*``."""

@@ -31,6 +31,7 @@ from evolm.engine.options import LocalOptions, Tuning
 from evolm.engine.texts import Texts
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
+from evolm.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,12 @@ class LocalEngine(Engine):
 
     def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return chat_prompt(self.tokenizer, messages)
+
+    def check_rows(self, prompts: Sequence[str], rows: int, sampling: Sampling) -> None:
+        """The fast path's memory plan for such a call (:meth:`Engine.check_rows`); the HF
+        path batches by ``server.max_batch_rows`` and plans nothing."""
+        if self.fast is not None:
+            self.fast.check_rows(prompts, rows, sampling)
 
     def generate_rows(self, request: TextRequest) -> list[str]:
         """The rows' completions, in their order, from the path picked at set-up."""

@@ -24,6 +24,7 @@ from evolm.engine.options import LocalOptions, Tuning
 from evolm.engine.texts import RowDecoder, Texts
 from evolm.errors import ConfigError
 from evolm.lora.layout import LoraLayout, LoraPopulation
+from evolm.sampling import Sampling
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -111,6 +112,12 @@ class FastBackend:
             detokenized_early=decoder.early,
         )
         return texts
+
+    def check_rows(self, prompts: Sequence[str], rows: int, sampling: Sampling) -> None:
+        """Raise the ConfigError a call of ``rows`` rows over ``prompts`` would raise for
+        memory (:meth:`Scheduler.check <.scheduler.Scheduler.check>`), before any such call."""
+        ids, _ = self.texts.encode(list(prompts))
+        self.scheduler.check(rows, ids.shape[1], sampling.max_new_tokens, sampling.temperature == 0)
 
     def generate_ids(
         self,

@@ -220,18 +220,7 @@ class Scheduler:
         self.reset()
         if self.device.type == "cuda":  # the old cache's blocks back to the device, measured free
             torch.cuda.empty_cache()
-        plan = plan_slots(
-            self.shape(lora),
-            rows,
-            positions,
-            greedy,
-            self._chunk_tokens(),
-            self.utilization,
-            self.max_rows,
-            device_memory(self.device),
-            None if self.device.type == "cuda" else host_memory(),
-            history=history,
-        )
+        plan = self._plan(rows, positions, greedy, lora, history)
         try:
             ws = Workspace(self.model, plan.slots, positions, self.kv_dtype, history)
         except torch.OutOfMemoryError as e:  # the plan's arithmetic was off: say so, with numbers
@@ -244,6 +233,37 @@ class Scheduler:
         )
         self._logged.add(text)
         return ws
+
+    def _plan(
+        self, rows: int, positions: int, greedy: bool, lora: FastLora | None, history: bool
+    ) -> SlotPlan:
+        """:func:`~.plan.plan_slots` for these rows with the memory free now (raises its
+        ConfigError when they cannot decode)."""
+        return plan_slots(
+            self.shape(lora),
+            rows,
+            positions,
+            greedy,
+            self._chunk_tokens(),
+            self.utilization,
+            self.max_rows,
+            device_memory(self.device),
+            None if self.device.type == "cuda" else host_memory(),
+            history=history,
+        )
+
+    def check(self, rows: int, length: int, widest: int, greedy: bool) -> None:
+        """Raise the ConfigError that :meth:`run` of ``rows`` rows (prompts of ``length``
+        tokens, budgets up to ``widest``) would raise for memory, without allocating: a run
+        checks its generations' calls before its first eval, whose fewer rows would fit (e.g. a
+        fixed ``server.max_batch_rows`` too large for the memory left). The adapters' rank
+        columns are left out (a few MiB), so what passes here may still fail by that much.
+        Nothing while a workspace is held: its memory would count against the rows."""
+        if self.workspace is not None:
+            return
+        drafts = self.speculate if greedy else 0
+        positions = -(-(length + widest + drafts) // 16) * 16
+        self._plan(rows, positions, greedy, None, drafts > 0)
 
     # -- generation ----------------------------------------------------------------------
     @torch.inference_mode()
