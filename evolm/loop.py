@@ -302,9 +302,10 @@ class ESLoop:
         at generation 1, after the eval (:meth:`Engine.check_rows`)."""
         examples = self.task.train_examples(1)
         members = self.strategy.population_size + (1 if self.train_mean else 0)
-        rows = -(-members * len(examples) // self.comm.world_size)
-        prompts = [render(self.engine, e) for e in examples]
-        self.engine.check_rows(prompts, rows, self.task.sampling)
+        mine = self.comm.shard([(m, p) for m in range(members) for p in range(len(examples))])
+        used = sorted({p for _, p in mine})  # the prompts this rank's rows pad among
+        prompts = [render(self.engine, examples[p]) for p in used]
+        self.engine.check_rows(prompts, len(mine), self.task.sampling)
 
     def _due(self, generation: int, marked: bool, clock: TrainClock) -> bool:
         """Whether the mean is evaluated after ``generation`` (besides the last); a timed run's

@@ -36,6 +36,7 @@ from evolm.evaluate import render
 from evolm.loop import ESLoop
 from evolm.lora import LoraLayout, LoraPopulation, LoraSpec
 from evolm.sampling import Sampling
+from evolm.task.base import eval_sampling
 from evolm.task.conciseness import Conciseness
 
 PROMPTS = ["Solve: 3 + 5 =", "Is the sky blue?", "Name three colours of the rainbow, please."]
@@ -434,12 +435,13 @@ def test_a_generation_too_large_stops_the_run_before_its_start_eval(
     engine = LocalEngine(tiny_model_dir, layout, device="cpu")  # no workspace yet
     task = Conciseness(max_new_tokens=900)
     evals = [render(engine, e) for e in task.eval_examples()]
+    assert engine.fast is not None
     shape = engine.fast.scheduler.shape(None)
     chunk = prefill_tokens(shape, 0)
     slot = plan_slots(shape, 1, 1024, True, chunk, 0.9, None, None).per_slot
     need = 10 * (len(evals) * slot + chunk * activation_bytes(shape))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(max(1, host_memory()[0] // need)))
-    engine.check_rows(evals, len(evals), task.sampling)  # the eval's call fits
+    engine.check_rows(evals, len(evals), eval_sampling(task))  # the eval's call fits
     strategy = ES(population_size=20_000, sigma=0.01)
     state = strategy.init([torch.zeros(s) for s in layout.shapes()], seed=0)
     spy = EvalSpy()

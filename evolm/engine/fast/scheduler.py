@@ -256,9 +256,11 @@ class Scheduler:
         """Raise the ConfigError that :meth:`run` of ``rows`` rows (prompts of ``length``
         tokens, budgets up to ``widest``) would raise for memory, without allocating: a run
         checks its generations' calls before its first eval, whose fewer rows would fit (e.g. a
-        fixed ``server.max_batch_rows`` too large for the memory left). The adapters' rank
-        columns are left out (a few MiB), so what passes here may still fail by that much.
-        Nothing while a workspace is held: its memory would count against the rows."""
+        fixed ``server.max_batch_rows`` too large for the memory left). It measures the memory
+        before the population's adapters are on the device and leaves out their rank columns
+        (a large population's: GBs), so it is optimistic: what passes here may still fail at
+        the generation, never the other way. Nothing while a workspace is held: its memory
+        would count against the rows."""
         if self.workspace is not None:
             return
         drafts = self.speculate if greedy else 0
