@@ -87,7 +87,9 @@ def main() -> None:
         for t in tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
             texts.append(t.split("</answer>")[0] + "</answer>" if "</answer>" in t else t)
         print(f"{len(texts)}/{len(records)} in {time.time() - start:.0f} s", flush=True)
-        result = summary(records[: len(texts)], texts, model_dir, adapter, first, max_new, start)
+        result = summary(
+            records[: len(texts)], texts, model_dir, adapter, first, max_new, start, bool(puzzles)
+        )
         tmp = Path(f"{out}.tmp")  # after every batch, whole: a check cut short keeps its answers
         tmp.write_text(json.dumps(result, indent=1))
         tmp.replace(out)
@@ -96,9 +98,10 @@ def main() -> None:
 
 def summary(
     records: list[dict], texts: list[str], model_dir: str, adapter: str, first: int,
-    max_new: int, start: float,
+    max_new: int, start: float, own: bool = False,
 ) -> dict:  # fmt: skip
-    """The check's record of the puzzles answered so far."""
+    """The check's record of the puzzles answered so far (``own``: evolm's puzzles, PUZZLES_JSON,
+    whose answers carry their numbers and target)."""
     scores = [reward(t, r["numbers"], r["target"]) for t, r in zip(texts, records, strict=True)]
     by: dict[str, list[int]] = {}
     for r, s in zip(records, scores, strict=True):
@@ -114,8 +117,8 @@ def summary(
         "seconds": round(time.time() - start),
         # the paper's puzzles by id (countdown.json is non-commercial: not copied, puzzles.py);
         # other puzzles (PUZZLES_JSON) with their numbers and target
-        "answers": [{"puzzle": r["id"], **({} if "PUZZLES_JSON" not in os.environ else
-                     {"numbers": r["numbers"], "target": r["target"]}),
+        "answers": [{"puzzle": r["id"],
+                     **({"numbers": r["numbers"], "target": r["target"]} if own else {}),
                      "completion": t, "correct": s[2] > 0}
                     for r, t, s in zip(records, texts, scores, strict=True)],
     }  # fmt: skip

@@ -53,6 +53,12 @@ from evolm.sampling import Sampling
 log = logging.getLogger(__name__)
 
 
+def slot_positions(positions: int) -> int:
+    """The cache positions a workspace plans a slot for ``positions`` with: rounded up to a
+    multiple of 16."""
+    return -(-positions // 16) * 16
+
+
 def lora_cols(lora: FastLora | None) -> int:
     """Rank columns of every member that the base GEMMs also produce (the widest group's)."""
     return 0 if lora is None else max((g.spare for g in lora.groups.values()), default=0)
@@ -199,7 +205,7 @@ class Scheduler:
         slots and positions or more, the same sampling mode and weights, and a token history
         if ``history`` (speculative decoding) asks for one. A run's evaluations, fewer rows
         than its generations, then keep the generations' workspace and graphs."""
-        positions = -(-positions // 16) * 16
+        positions = slot_positions(positions)
         ws = self.workspace
         if (
             ws is not None
@@ -263,9 +269,12 @@ class Scheduler:
         would count against the rows."""
         if self.workspace is not None:
             return
-        drafts = self.speculate if greedy else 0
-        positions = -(-(length + widest + drafts) // 16) * 16
-        self._plan(rows, positions, greedy, None, drafts > 0)
+        drafts = self._drafts(greedy, None)
+        self._plan(rows, slot_positions(length + widest + drafts), greedy, None, drafts > 0)
+
+    def _drafts(self, greedy: bool, forced: Forced | None) -> int:
+        """Tokens a row drafts in the tail's verify steps of a call (0: no speculation)."""
+        return self.speculate if greedy and forced is None else 0
 
     # -- generation ----------------------------------------------------------------------
     @torch.inference_mode()
@@ -296,7 +305,7 @@ class Scheduler:
             raise ValueError("one budget >= 1 per row")
         greedy = sampling.temperature == 0
         widest = max(budgets)
-        drafts = self.speculate if greedy and forced is None else 0
+        drafts = self._drafts(greedy, forced)
         # k positions past the widest budget: a verify step's drafts of a row near its budget
         # land in its own slot (never kept), so the other rows keep drafting k tokens
         ws = self.prepare(rows, length + widest + drafts, greedy, lora, history=drafts > 0)

@@ -13,18 +13,18 @@ NAME=$1; ADAPTER=$2; GEN=${3:-uniform}
 FILE=${TMPDIR:-/tmp}/${GEN/:/-}-3.json
 HERE=$(cd "$(dirname "$0")" && pwd)
 DATA=${EVOLM_COUNTDOWN_JSON:-$HERE/../../../../../shared/data/countdown/countdown.json}
-python3 - "$FILE" "$GEN" "$DATA" <<'PY'
+python3 - "$FILE" "$GEN" "$DATA" "$HERE/.." <<'PY'
 import json, sys
-from evolm.task.countdown import Countdown
+sys.path.insert(0, sys.argv[4])
+from heldout_sets import records  # the experiment's held-out sets
 gen = sys.argv[2]
 if gen.startswith("paper:"):
     test = json.load(open(sys.argv[3]))[-2000:]
     three = [{"numbers": r["numbers"], "target": str(r["target"])} for r in test
              if len(r["numbers"]) == 3][: int(gen.split(":")[1])]
 else:
-    held = Countdown(generator=gen, seed=1, generate_count=201, train_size=1,
-                     samples_per_generation=1, eval_samples=200, drop_templates="test")
-    three = [e.reference for e in held.eval if len(e.reference["numbers"]) == 3]
+    three = [{"numbers": r["numbers"], "target": r["target"]} for r in records(f"{gen}_free")
+             if len(r["numbers"]) == 3]
 json.dump([{"numbers": [1, 2, 3], "target": "6"}] + three, open(sys.argv[1], "w"))  # 1 to train
 PY
 N=$(python3 -c "import json, sys; print(len(json.load(open(sys.argv[1]))) - 1)" "$FILE")
