@@ -136,3 +136,33 @@ def test_the_outside_check_runs_on_other_puzzles(tmp_path: Path, tiny_model_dir:
     assert [a["correct"] for a in answers] == right
     assert result["accuracy"] == sum(right) / 2
     assert sum(int(v.split("/")[1]) for v in result["by_family"].values()) == 2
+
+
+def test_the_outside_check_asks_the_base_model_with_a_dash(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
+    """ADAPTER_DIR ``-``: the base model alone, asked the same way. Its answers are those of an
+    adapter whose every tensor is zero (a LoRA that adds nothing), and the record says ``-``."""
+    layout = LoraLayout.from_hf_config(AutoConfig.from_pretrained(tiny_model_dir), LoraSpec())
+    save_adapter(
+        tmp_path / "zero", layout, [torch.zeros(s) for s in layout.shapes()],
+        base_model=tiny_model_dir,
+    )  # fmt: skip
+    (tmp_path / "puzzles.json").write_text(
+        json.dumps(_load("heldout_sets").records("tree_free")[:2])
+    )
+    env = {**os.environ, "PUZZLES_JSON": str(tmp_path / "puzzles.json")}
+    results = []
+    for adapter in ("-", str(tmp_path / "zero")):
+        out = tmp_path / f"check-{len(results)}.json"
+        done = subprocess.run(
+            [sys.executable, str(PAGE / "check_chat.py"), tiny_model_dir, adapter, str(out),
+             "2", "12", "2"],
+            env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(json.loads(out.read_text()))
+    base, zero = results
+    assert base["adapter"] == "-"
+    assert [a["completion"] for a in base["answers"]] == [a["completion"] for a in zero["answers"]]
+    assert all(a["completion"] for a in base["answers"])

@@ -5,6 +5,7 @@ with the tokenizer's chat template, greedy decoding cut after the first ``</answ
 
   python check_chat.py MODEL_DIR ADAPTER_DIR OUT.json [N] [MAX_NEW] [BATCH]
 
+ADAPTER_DIR ``-``: the base model alone, asked the same way.
 N: the first N of the 2,000 test puzzles (default 2000; FIRST=K: the N from test puzzle K on);
 MAX_NEW new tokens (default 1024); BATCH puzzles per ``generate`` call (default 100 on a GPU, 20
 on the CPU). The answers name each puzzle by its ``id`` in countdown.json (``puzzles.py``).
@@ -72,7 +73,10 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.bfloat16 if gpu else torch.float32
     )
-    model = PeftModel.from_pretrained(model.to("cuda" if gpu else "cpu"), adapter).eval()
+    model = model.to("cuda" if gpu else "cpu")
+    if adapter != "-":  # "-": the base model, asked the same way
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
     start, texts = time.time(), []
     batch = int(sys.argv[6]) if len(sys.argv) > 6 else (100 if gpu else 20)
     for i in range(0, len(records), batch):
