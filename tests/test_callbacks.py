@@ -142,6 +142,38 @@ def test_keep_best_keeps_the_first_highest_eval_and_a_resume_goes_on_from_its_re
     assert [d for d, _, _ in off.saved] == ["adapter"]
 
 
+@pytest.mark.parametrize(
+    ("evals", "history", "said"),
+    [
+        ([0.169, None, 0.1515], [], "0.1515 at generation 2, is below this run's best, 0.169 at "
+         "generation 0 (the start: no generation of ES beat it)"),
+        ([0.1, 0.5, 0.5], [], None),  # the last is the best: nothing to say
+        ([0.1, 0.5, math.nan], [], None),  # a NaN last eval is not "below"
+        ([0.4], [{"generation": 0, "eval/reward_mean": 0.1},
+                 {"generation": 1, "eval/reward_mean": 0.5}],
+         "0.4 at generation 2, is below this run's best, 0.5 at generation 1:"),  # resumed
+    ],
+)  # fmt: skip
+def test_a_run_whose_last_eval_is_below_its_best_says_so_at_the_end(
+    caplog: pytest.LogCaptureFixture,
+    evals: list[float | None],
+    history: list[Record],
+    said: str | None,
+) -> None:
+    """``keep_best``: the final mean is the last one; when its evaluation is below the run's
+    best (its records' too, on a resume), the run ends with a warning naming both and where the
+    best mean is kept."""
+    writer = SavesRecorded("eval/reward_mean")
+    with caplog.at_level(logging.WARNING):
+        replay(writer, evals, history)
+    ended = [r.getMessage() for r in caplog.records if "is not the best one" in r.getMessage()]
+    if said is None:
+        assert ended == []
+    else:
+        assert len(ended) == 1 and said in ended[0]
+        assert ended[0].endswith("kept in run/adapter-best")
+
+
 @pytest.mark.parametrize(("generation", "value", "stale"), [(2, 0.5, False), (3, 0.9, True)])
 def test_a_kept_mean_the_resumed_records_lack_is_removed_and_kept_anew(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, generation: int, value: float, stale: bool
