@@ -42,6 +42,17 @@ def _check_chat() -> ModuleType:
     return _load("check_chat")
 
 
+def _run_check_chat(args: list[str], env: dict[str, str]) -> dict:
+    """check_chat.py as a user runs it (``args``: MODEL_DIR ADAPTER_DIR OUT.json ...), with
+    ``env`` added to this environment; the result it wrote."""
+    done = subprocess.run(
+        [sys.executable, str(PAGE / "check_chat.py"), *args],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(Path(args[2]).read_text())
+
+
 def _records() -> list[dict]:
     return json.loads(PAPER_FILE.read_text())
 
@@ -117,15 +128,9 @@ def test_the_outside_check_runs_on_other_puzzles(tmp_path: Path, tiny_model_dir:
     save_adapter(tmp_path / "adapter", layout, tensors, base_model=tiny_model_dir)
     puzzles = _load("heldout_sets").records("uniform_free")[:3]
     (tmp_path / "puzzles.json").write_text(json.dumps(puzzles))
-    out = tmp_path / "check.json"
-    env = {**os.environ, "PUZZLES_JSON": str(tmp_path / "puzzles.json"), "FIRST": "1"}
-    args = [tiny_model_dir, str(tmp_path / "adapter"), str(out), "2", "8", "2"]
-    done = subprocess.run(
-        [sys.executable, str(PAGE / "check_chat.py"), *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    env = {"PUZZLES_JSON": str(tmp_path / "puzzles.json"), "FIRST": "1"}
+    args = [tiny_model_dir, str(tmp_path / "adapter"), str(tmp_path / "check.json"), "2", "8", "2"]
+    result = _run_check_chat(args, env)
     assert (result["first"], result["puzzles"], result["max_new_tokens"]) == (1, 2, 8)
     answers = result["answers"]
     assert [(a["puzzle"], a["numbers"], a["target"]) for a in answers] == [
@@ -151,18 +156,13 @@ def test_the_outside_check_asks_the_base_model_with_a_dash(
     (tmp_path / "puzzles.json").write_text(
         json.dumps(_load("heldout_sets").records("tree_free")[:2])
     )
-    env = {**os.environ, "PUZZLES_JSON": str(tmp_path / "puzzles.json")}
-    results = []
-    for adapter in ("-", str(tmp_path / "zero")):
-        out = tmp_path / f"check-{len(results)}.json"
-        done = subprocess.run(
-            [sys.executable, str(PAGE / "check_chat.py"), tiny_model_dir, adapter, str(out),
-             "2", "12", "2"],
-            env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        results.append(json.loads(out.read_text()))
-    base, zero = results
+    env = {"PUZZLES_JSON": str(tmp_path / "puzzles.json")}
+    base, zero = (
+        _run_check_chat(
+            [tiny_model_dir, adapter, str(tmp_path / f"{name}.json"), "2", "12", "2"], env
+        )
+        for name, adapter in (("base", "-"), ("zero", str(tmp_path / "zero")))
+    )
     assert base["adapter"] == "-"
     assert [a["completion"] for a in base["answers"]] == [a["completion"] for a in zero["answers"]]
     assert all(a["completion"] for a in base["answers"])

@@ -50,9 +50,9 @@ class MeanWriter(Callback):
 
     def on_run_start(self, ctx: RunContext, state: ESState) -> None:
         if self.best is not None:
-            evals = [r for r in ctx.history if self.best in r]
-            for r in evals:
-                self._note(int(r.get("generation", 0)), r[self.best])
+            for r in ctx.history:
+                if self.best in r:
+                    self._note(int(r.get("generation", 0)), r[self.best])
             self._drop_stale(Path(ctx.output_dir) / f"{self.dirname}-best", ctx.history)
 
     def _drop_stale(self, path: Path, history: list[Record]) -> None:
