@@ -2,6 +2,9 @@
 # Keep the lease busy and show where the runs are: bash peek.sh SECONDS NAME...
 # (the machine is given back after 30 idle seconds, and what it holds is lost: chain the calls)
 # Sleeps SECONDS, or less: it returns once none of the named runs is alive.
+# Then, where $OUT is set (every device call), it sends back what a machine taken back would lose
+# (session 28 lost a 1.5B run and three outside checks so): save.sh's bundle of the named runs.
+here=$(cd "$(dirname "$0")" && pwd)
 end=$(( $(date +%s) + $1 )); shift; cd /root/runs
 while [ "$(date +%s)" -lt $end ]; do
   alive=0; for r in "$@"; do pgrep -f "hydra.run.dir=/root/runs/$r( |\$)" > /dev/null && alive=1; done
@@ -19,3 +22,4 @@ import json,sys
 keys=('accuracy_mean','accuracy_lift','pass_at_population','accuracy_beyond_shortcuts','accuracy/no_rule','completion_tokens','truncated_share','mean/accuracy','mean/reward','member_gap','member_gap_se')
 for l in sys.stdin:
     d=json.loads(l); print('$r train', d['generation'], round(d.get('time/train_s',0)), round(d.get('time/generation_s',0),1), {k:round(d['train/'+k],3) for k in keys if 'train/'+k in d})"; done
+[ -n "${OUT:-}" ] && bash "$here/save.sh" "$@"
