@@ -91,8 +91,16 @@ def test_headline_countdown_command_learns(tmp_path: Path, countdown_model_dir: 
     release), 0.033 -> 0.103 with accuracy 0 -> 1 of 32 (MKL's AVX2 branch, on an AMD EPYC),
     now 0.069 -> 0.112, format 0.38 -> 0.80, accuracy 1 of 32 throughout (MKL's COMPATIBLE
     branch, the same on Intel and AMD): what it learns is the format (README). The assertion
-    asks for format +0.25 and reward +0.03."""
-    records = run(tmp_path, "task=countdown", "es.sigma=0.001")
+    asks for format +0.25 and reward +0.03, and for the run to say that its held-out reward
+    rose at a flat accuracy (the health monitor's ``accuracy_flat``)."""
+    out = tmp_path / "run"
+    proc = run_cli(
+        ["task=countdown", "es.sigma=0.001", f"output_dir={out}", f"hydra.run.dir={out}"]
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    said = proc.stdout + proc.stderr
+    assert "THIS RUN IS GAMING ITS REWARD (eval/accuracy_mean)" in said, said[-4000:]
+    records = read_results(out)
     evals = [r for r in records if "eval/reward_mean" in r]
     start, end = evals[0], evals[-1]
     assert end["generation"] == 40

@@ -50,14 +50,17 @@ not: ``THIS RUN IS GAMING ITS REWARD``, quoting both. ``accuracy_fell``: the fit
 first generation's while the accuracy has fallen by ``shortcut_rise``, by half or more below
 the first evaluation's and beyond its sampling error (above) (issue 36: with
 ``task.blind_baseline=true`` the 1.5B stopped reasoning to collect the format reward, 2.5% ->
-0.0% in 20 generations). ``accuracy_flat``: the fitness has
-risen by at least the first spread across members of the run (``train/fitness_std`` of its
-first generation whose members did not all tie; a rise of the population mean that large is
-several standard errors) while the accuracy has risen by
+0.0% in 20 generations). ``accuracy_flat``: the fitness is above the first generation's and
+it, or the mean's reward on the held-out puzzles (``eval/reward_mean``, against the first
+evaluation's), has risen by at least the first spread across members of the run
+(``train/fitness_std`` of its first generation whose members did not all tie; a rise of the
+population mean that large is several standard errors) while the accuracy has risen by
 less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitness 0.011 ->
 0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations) or within its
 sampling error (the tiny model's countdown demo: 0 -> 1 of 32 puzzles while its fitness, the
-format reward, rose 0.33 -> 0.72, every answer the sum of the numbers).
+format reward, rose 0.33 -> 0.72, every answer the sum of the numbers; on its current build the
+fitness rose 0.072 -> 0.093, under its spread of 0.029, while the held-out reward rose 0.069 ->
+0.112 at an accuracy of 1 of 32 throughout).
 
 A run whose perturbations break the model (``noise_destroys``) is told so from the mean's reward
 on the members' own training rows (``train_mean=true``: ``train/mean/reward``,
@@ -156,7 +159,7 @@ FELL_ADVICE = (
 )
 FLAT_ADVICE = (
     "the population's fitness rose from {start} to {fitness} (its first spread across members: "
-    "{spread}) while the mean's held-out accuracy ({acc}) went from {acc_start} "
+    "{spread}){held} while the mean's held-out accuracy ({acc}) went from {acc_start} "
     "to {acc_now} at {n} evaluations in a row{train}{noise}: the reward pays for something other "
     "than solving held-out puzzles. Read the mean's completions ({samples}) and check what the "
     "reward's other terms pay (countdown: task.format_weight, task.closeness_weight), and "
@@ -369,8 +372,10 @@ class LearningMonitor(Callback):
         more and by :data:`RISE_Z` standard errors below the first evaluation's while the
         fitness is above the first generation's;
         :data:`FLAT` when it has risen by less than ``shortcut_rise`` or by less than
-        :data:`RISE_Z` standard errors while the fitness has risen by the run's first spread
-        across members or more (none yet, every generation a tie: not judged); else None."""
+        :data:`RISE_Z` standard errors while the fitness is above the first generation's and it,
+        or the mean's reward on the same held-out puzzles (``eval/reward_mean``), has risen by
+        the run's first spread across members or more (none yet, every generation a tie: not
+        judged); else None."""
         if self.first_eval is None or self.first is None or ACCURACY not in self.first_eval:
             return None
         start, now = self.first_eval[ACCURACY], evaluation[ACCURACY]
@@ -382,7 +387,12 @@ class LearningMonitor(Callback):
             return FELL
         # flat: a rise under shortcut_rise or within its sampling error (NaN se: the first only)
         flat = now - start < self.shortcut_rise or now - start < RISE_Z * se
-        return FLAT if flat and self.spread is not None and rise >= self.spread else None
+        # risen: the fitness, or the mean's reward on the same held-out puzzles (NaN: no)
+        held = evaluation.get(M.EVAL_REWARD, math.nan) - self.first_eval.get(
+            M.EVAL_REWARD, math.nan
+        )
+        risen = self.spread is not None and (rise >= self.spread or held >= self.spread)
+        return FLAT if flat and risen else None
 
     def _report_fell(
         self, ctx: RunContext, record: Record, evaluation: Mapping[str, float], condition: str
@@ -394,10 +404,17 @@ class LearningMonitor(Callback):
                 f" (training accuracy, {TRAIN_ACCURACY}: {_share(first, TRAIN_ACCURACY)} -> "
                 f"{_share(record, TRAIN_ACCURACY)})"
             )
+        held = ""
+        if M.EVAL_REWARD in first_eval and M.EVAL_REWARD in evaluation:
+            held = (
+                f", the mean's held-out reward ({M.EVAL_REWARD}) from "
+                f"{first_eval[M.EVAL_REWARD]:.6g} to {evaluation[M.EVAL_REWARD]:.6g}"
+            )
         message = (FELL_ADVICE if condition == FELL else FLAT_ADVICE).format(
             start=f"{first.get(M.FITNESS_MEAN, math.nan):.6g}",
             fitness=f"{record[M.FITNESS_MEAN]:.6g}",
             spread=f"{self.spread if self.spread is not None else math.nan:.6g}",
+            held=held,
             acc=ACCURACY,
             acc_start=_share(first_eval, ACCURACY),
             acc_now=_share(evaluation, ACCURACY),
