@@ -27,12 +27,18 @@ SMALL_RUN = [
 ]
 
 
-def run(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> list[dict[str, Any]]:
-    """``python -m evolm OVERRIDES`` into ``tmp_path/run``; returns the records of results.jsonl."""
+def run_said(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> tuple[str, list[dict[str, Any]]]:
+    """``python -m evolm OVERRIDES`` into ``tmp_path/run``; returns what it printed (stdout and
+    stderr) and the records of results.jsonl."""
     out = tmp_path / "run"
     proc = run_cli([*overrides, f"output_dir={out}", f"hydra.run.dir={out}"], cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return read_results(out)
+    return proc.stdout + proc.stderr, read_results(out)
+
+
+def run(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> list[dict[str, Any]]:
+    """:func:`run_said`'s records alone."""
+    return run_said(tmp_path, *overrides, cwd=cwd)[1]
 
 
 def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
@@ -93,14 +99,8 @@ def test_headline_countdown_command_learns(tmp_path: Path, countdown_model_dir: 
     branch, the same on Intel and AMD): what it learns is the format (README). The assertion
     asks for format +0.25 and reward +0.03, and for the run to say that its held-out reward
     rose at a flat accuracy (the health monitor's ``accuracy_flat``)."""
-    out = tmp_path / "run"
-    proc = run_cli(
-        ["task=countdown", "es.sigma=0.001", f"output_dir={out}", f"hydra.run.dir={out}"]
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    said = proc.stdout + proc.stderr
+    said, records = run_said(tmp_path, "task=countdown", "es.sigma=0.001")
     assert "THIS RUN IS GAMING ITS REWARD (eval/accuracy_mean)" in said, said[-4000:]
-    records = read_results(out)
     evals = [r for r in records if "eval/reward_mean" in r]
     start, end = evals[0], evals[-1]
     assert end["generation"] == 40
