@@ -309,6 +309,28 @@ def test_train_n_keeps_the_training_puzzles_of_those_sizes_and_the_test_split(
     assert e.value.key == "train_n" and "[3, 4]" in str(e.value)
 
 
+def test_train_family_keeps_the_training_puzzles_of_those_families(tmp_path: Path) -> None:
+    """``train_family=[muldiv]``: the training puzzles only ``*`` or ``/`` solve, after
+    ``train_n``; the test split is the same; an unknown family, or one no training puzzle is,
+    is a ConfigError naming ``train_family``."""
+    train = [SUM, ADDSUB, MULDIV, SUM4, UNSOLVABLE]
+    data = write_file(tmp_path / "cd.jsonl", [*train, MINUS_PLUS, MULDIV])
+
+    def task(**kw: object) -> Countdown:
+        return Countdown(data_file=str(data), train_size=5, samples_per_generation=None, **kw)  # type: ignore[arg-type]
+
+    plain = task()
+    assert puzzles(task(train_family=["muldiv"]).train) == [MULDIV]
+    assert puzzles(task(train_family="template").train) == [SUM, SUM4]
+    assert puzzles(task(train_family=["addsub", "muldiv"]).train) == [ADDSUB, MULDIV]
+    assert puzzles(task(train_family=["template"], train_n=[4]).train) == [SUM4]
+    assert puzzles(task(train_family=["muldiv"]).eval) == puzzles(plain.eval)
+    for bad, said in ((["mul"], "unknown ['mul']"), (["muldiv"], "is ['muldiv']")):
+        with pytest.raises(ConfigError) as e:
+            task(train_family=bad, **({"train_n": [4]} if bad == ["muldiv"] else {}))
+        assert e.value.key == "train_family" and said in str(e.value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "bad_key"),
     [

@@ -33,6 +33,7 @@ from evolm.task.countdown.reward import (
     value_of_answer,
 )
 from evolm.task.countdown.shortcuts import (
+    FAMILIES,
     AnswerShape,
     PuzzleInfo,
     answer_shape,
@@ -176,6 +177,34 @@ def _keep_counts(
     return kept
 
 
+def _keep_families(
+    train: list[Placed], families: str | Sequence[str] | None, data: str | None
+) -> list[Placed]:
+    """The training records whose family (:func:`~evolm.task.countdown.shortcuts.classify`)
+    is in ``families`` (``train_family``: a family or a list of them; None: all)."""
+    if families is None:
+        return train
+    wanted = {families} if isinstance(families, str) else set(families)
+    if unknown := sorted(wanted - set(FAMILIES)):
+        raise ConfigError(
+            "train_family", f"unknown {unknown}", f"use some of {list(FAMILIES)}, or null"
+        )
+    have = [(classify(r["numbers"], r["target"]).family, (i, r)) for i, r in train]
+    kept = [placed for family, placed in have if family in wanted]
+    if not kept:
+        found = sorted({str(family) for family, _ in have})
+        raise ConfigError(
+            "train_family",
+            f"no training puzzle of {data or 'the generated ones'} is {sorted(wanted)} "
+            f"(they are {found})",
+            "name a family they have, or null for all",
+        )
+    log.info(
+        "train_family=%s: %d of the %d training puzzles", sorted(wanted), len(kept), len(train)
+    )
+    return kept
+
+
 class Countdown(Task):
     """The Countdown task.
 
@@ -201,6 +230,11 @@ class Countdown(Task):
             train on the 3-number puzzles alone (``accuracy/n3``'s kind), a curriculum's first
             stage (the next: a run from its adapter, ``lora.init_from=<run>/adapter``, with
             ``train_n=null``). The test split is unchanged.
+        train_family: ``None``, or the puzzle families
+            (:data:`~evolm.task.countdown.shortcuts.FAMILIES`) the training puzzles keep,
+            e.g. ``["muldiv"]``: train on the puzzles that only ``*`` or ``/`` solve, whose
+            searches a run on all puzzles stops trying (docs/results/countdown-paper-split,
+            session 29). Applied after ``train_n``; the test split is unchanged.
         samples_per_generation: training prompts per generation; generation ``g`` takes the
             ``g``-th window of the training split, wrapping around (:func:`cycling_window`);
             ``None``: every training prompt every generation (the paper's setting, also after
@@ -253,6 +287,7 @@ class Countdown(Task):
         drop_templates: str | None = None,
         drop_size_rules: bool = False,
         train_n: int | Sequence[int] | None = None,
+        train_family: str | Sequence[str] | None = None,
         samples_per_generation: int | None = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
@@ -307,6 +342,7 @@ class Countdown(Task):
             drop_size_rules,
         )
         train = _keep_counts(train, train_n, data_file)
+        train = _keep_families(train, train_family, data_file)
         self.samples_per_generation = samples_per_generation or len(train)
         _check_window(self.samples_per_generation, len(train))
         kind = "" if generator == "tree" else f"{generator}, "
