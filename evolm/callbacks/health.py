@@ -164,8 +164,8 @@ FLAT_ADVICE = (
     "than solving held-out puzzles. Read the mean's completions ({samples}) and check what the "
     "reward's other terms pay (countdown: task.format_weight, task.closeness_weight), and "
     "whether the training accuracy rose alone (memorized training puzzles, or a training "
-    "split unlike the held-out one, e.g. countdown's task.train_n: compare the held-out "
-    "accuracy by puzzle family)"
+    "split unlike the held-out one, e.g. countdown's task.train_n or task.train_family: "
+    "compare the held-out accuracy by puzzle family)"
 )
 TRAIN_ACCURACY = M.train_score(M.CORRECT_SCORE)
 NOISE = "noise_destroys"
