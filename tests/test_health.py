@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -25,7 +26,7 @@ from evolm.lora import LoraLayout, LoraSpec, es_scales, uniform_scales
 from evolm.task.base import Example, Scores
 from evolm.task.conciseness import Conciseness
 from evolm.task.countdown import Countdown
-from tests.helpers import generation_record, read_results, run_cli
+from tests.helpers import REPO, generation_record, read_results, run_cli
 from tests.test_countdown_shortcuts import PUZZLES
 
 
@@ -148,6 +149,71 @@ def test_gaming_aborts_with_abort(tmp_path: Path) -> None:
 def test_gaming_rise_out_of_range_names_the_key() -> None:
     with pytest.raises(ConfigError, match="gaming_rise"):
         LearningMonitor(gaming_rise=0.0)
+
+
+def solving(generation: int, solved: float, std: float = 0.003) -> GenerationRecord:
+    """A countdown generation: ``solved`` of the 76 training puzzles by some member."""
+    diagnostics = {"pass_at_population": solved, "prompts": 76.0}
+    return generation_record(generation, 0.04, std, diagnostics=diagnostics)
+
+
+def test_members_that_never_answer_correctly_are_told_after_ten_generations(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No member solves a training puzzle while the fitness still differs: the streak resets at
+    a generation with a solve, and does not count ties (members_tie's); told once, at 20."""
+    monitor, ctx = LearningMonitor(patience=3), context(tmp_path)
+    monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+    gens = [solving(1, 0.0), solving(2, 0.0, std=0.0), solving(3, 1 / 76)]
+    gens += [solving(g, 0.0) for g in range(4, 26)]
+    with caplog.at_level(logging.WARNING):
+        for gen in gens:
+            monitor.on_generation_end(ctx, gen, None)  # type: ignore[arg-type]
+            assert (TAG in ctx.tags) == (gen.generation >= 23), gen.generation
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "THIS RUN NEVER ANSWERS CORRECTLY" in warning
+    assert "any of the 76 training prompts correctly for 20 generations" in warning
+    assert "train/pass_at_population = 0" in warning and "task.train_family" in warning
+    assert ctx.tags[TAG] == "never_correct"
+
+
+RESULTS = REPO / "docs/results/countdown-paper-split"
+
+
+def replayed(path: Path) -> list[GenerationRecord]:
+    """A committed run's training generations (results.jsonl), as the monitor got them."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [
+        generation_record(
+            int(r["generation"]),
+            r["train/fitness_mean"],
+            r["train/fitness_std"],
+            r["es/update_norm"],
+            {k: r[f"train/{k}"] for k in ("pass_at_population", "prompts")},
+        )
+        for r in records
+        if "train/fitness_std" in r
+    ]
+
+
+def test_a_committed_run_that_never_solved_a_puzzle_is_told_and_one_that_did_is_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replayed through the monitor, the records of two real 0.5B runs on an H100: zm (issue 36's
+    session 30, the */÷ training puzzles alone; no member solved one in 90 generations) is told
+    at its generation 20; z5s1 (session 27, 0.4-15% of its puzzles solved by some member) is not."""
+    told: dict[str, list[str]] = {}
+    for name in ("session-30/zm.jsonl", "session-27/z5s1.jsonl"):
+        monitor, ctx = LearningMonitor(patience=3), context(tmp_path)
+        monitor.on_run_start(ctx, None)  # type: ignore[arg-type]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            for gen in replayed(RESULTS / name):
+                monitor.on_generation_end(ctx, gen, None)  # type: ignore[arg-type]
+        told[name] = [m.getMessage() for m in caplog.records if "NEVER ANSWERS" in m.getMessage()]
+    assert len(told["session-30/zm.jsonl"]) == 1, told
+    assert "any of the 76 training prompts correctly for 20" in told["session-30/zm.jsonl"][0]
+    assert told["session-27/z5s1.jsonl"] == []
 
 
 class EmptyPays(Conciseness):

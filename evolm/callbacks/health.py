@@ -62,6 +62,16 @@ format reward, rose 0.33 -> 0.72, every answer the sum of the numbers; on its cu
 fitness rose 0.072 -> 0.093, under its spread of 0.029, while the held-out reward rose 0.069 ->
 0.112 at an accuracy of 1 of 32 throughout).
 
+A run that never answers correctly (``never_correct``) is told so when for
+``STREAK_NEEDED["never_correct"]`` (20) generations in a row, and ``patience``, no member solved
+a single training prompt (``train/pass_at_population`` is 0; tasks that score correctness) while
+the members' fitness still differs: ES then selects on the reward's other terms alone, which need
+not lead to correct answers: ``THIS RUN NEVER ANSWERS CORRECTLY``. Issue 36's 0.5B on the
+countdown puzzles that need ``*`` or ``/`` (``task.train_family=[muldiv]``, closeness weight 0.1,
+from an adapter that solves 0.4% of such test puzzles): in 90 generations no member solved any
+of the 76, the mean's closeness rose 0.23 -> 0.50, and it tried ``*`` in fewer answers (133 ->
+23 of the 2,000 test puzzles), solving 1 of them where it had solved 4.
+
 A run whose perturbations break the model (``noise_destroys``) is told so from the mean's reward
 on the members' own training rows (``train_mean=true``: ``train/mean/reward``,
 ``train/member_gap`` and its standard error ``train/member_gap_se``, :mod:`evolm.metrics`):
@@ -140,7 +150,20 @@ ADVICE = {
         "for length, or for answers that never end. Check the task's reward for long answers, "
         "and task.max_new_tokens"
     ),
+    "never_correct": (
+        "no member answered any of the {prompts} training prompts correctly for {n} "
+        "generations ({metric} = 0) while their fitness differs (spread {spread}): ES selects "
+        "on the reward's other terms alone (countdown: task.closeness_weight, "
+        "task.format_weight), which need not lead to correct answers. Train on prompts the "
+        "model sometimes solves (countdown: task.train_family, task.train_n, task.shots; its "
+        "start eval, eval/accuracy_mean, says how often it does)"
+    ),
 }
+NEVER_CORRECT = "never_correct"
+STREAK_NEEDED = {NEVER_CORRECT: 20}
+"""Generations in a row a condition must hold, where more than ``patience``: none of the members
+solving a training prompt is how every hard task starts, and is told only when it lasts (the
+tiny model's countdown demo, 16 puzzles a generation, has gone 8 generations without a solve)."""
 GAMING = {"gaming_empty": M.EMPTY_SHARE, "gaming_truncated": M.TRUNCATED_SHARE}
 """Reward-gaming conditions and the diagnostic (``train/<name>``) each watches."""
 
@@ -168,6 +191,7 @@ FLAT_ADVICE = (
     "compare the held-out accuracy by puzzle family)"
 )
 TRAIN_ACCURACY = M.train_score(M.CORRECT_SCORE)
+SOLVED = M.train_diagnostic(M.PASS_AT_POPULATION)
 NOISE = "noise_destroys"
 NOISE_WINDOW = 3
 """The run's first generations with the mean's training reward that the noise rule reads."""
@@ -314,12 +338,14 @@ class LearningMonitor(Callback):
             "members_stalled": stalled,
             "no_fitness": not math.isfinite(mean),
             "mean_static": math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] == 0.0,
+            NEVER_CORRECT: math.isfinite(std) and std > 0 and record.get(SOLVED) == 0.0,
             **self._gaming(record),
         }
         self.learned += bool(math.isfinite(std) and std > 0 and record[M.UPDATE_NORM] > 0.0)
         for condition, holds in now.items():
             self.streaks[condition] = self.streaks[condition] + 1 if holds else 0
-            if self.streaks[condition] >= self.patience and condition not in self.reported:
+            needed = max(self.patience, STREAK_NEEDED.get(condition, 0))
+            if self.streaks[condition] >= needed and condition not in self.reported:
                 self._report(ctx, condition, record)
 
     def _watch_noise(self, ctx: RunContext, record: Record) -> None:
@@ -492,10 +518,13 @@ class LearningMonitor(Callback):
             n=self.streaks[condition],
             learned=self.learned,
             **self._gaming_figures(condition, record),
+            **self._never_correct_figures(condition, record),
         )
         generation = record[M.GENERATION]
         if condition == "members_stalled":  # its advice already says how to stop such runs
             self._tell(ctx, condition, message, "THIS RUN HAS STOPPED LEARNING", generation, False)
+        elif condition == NEVER_CORRECT:
+            self._tell(ctx, condition, message, "THIS RUN NEVER ANSWERS CORRECTLY", generation)
         elif condition in GAMING:
             headline = f"THIS RUN IS GAMING ITS REWARD ({M.train_diagnostic(GAMING[condition])})"
             self._tell(ctx, condition, message, headline, generation)
@@ -512,6 +541,18 @@ class LearningMonitor(Callback):
             "metric": name,
             "share_start": f"{self.first[name]:.2f}",
             "share": f"{record[name]:.2f}",
+        }
+
+    @staticmethod
+    def _never_correct_figures(condition: str, record: Record) -> dict[str, str]:
+        """The numbers the never-correct message quotes (none for the other conditions)."""
+        if condition != NEVER_CORRECT:
+            return {}
+        prompts = record.get(M.train_diagnostic(M.PROMPTS), math.nan)
+        return {
+            "prompts": f"{prompts:.0f}",
+            "metric": SOLVED,
+            "spread": f"{record[M.FITNESS_STD]:.6g}",
         }
 
 
