@@ -112,6 +112,7 @@ from evolm.es import ESState
 log = logging.getLogger(__name__)
 
 TAG = "evolm.health"
+NEVER_CORRECT = "never_correct"
 
 ADVICE = {
     "members_tie": (
@@ -150,7 +151,7 @@ ADVICE = {
         "for length, or for answers that never end. Check the task's reward for long answers, "
         "and task.max_new_tokens"
     ),
-    "never_correct": (
+    NEVER_CORRECT: (
         "no member answered any of the {prompts} training prompts correctly for {n} "
         "generations ({metric} = 0) while their fitness differs (spread {spread}): ES selects "
         "on the reward's other terms alone (countdown: task.closeness_weight, "
@@ -159,7 +160,6 @@ ADVICE = {
         "start eval, eval/accuracy_mean, says how often it does)"
     ),
 }
-NEVER_CORRECT = "never_correct"
 STREAK_NEEDED = {NEVER_CORRECT: 20}
 """Generations in a row a condition must hold, where more than ``patience``: none of the members
 solving a training prompt is how every hard task starts, and is told only when it lasts (the
