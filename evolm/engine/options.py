@@ -73,9 +73,9 @@ class LocalOptions:
             a generation's tail (the queue empty, under a tenth of the slots busy), for greedy
             rows on the fast path: the same tokens as plain decoding, fewer steps where rows
             repeat themselves (:mod:`evolm.engine.fast.speculate`). 0: off (the default: on
-            an H100 it took 8% off a trained 0.5B's tail-bound generation, the same tokens;
-            a verify kernel reading each slot once took 13-15% off but changed 17 of 2,000
-            answers; its exact successor is not yet measured there: docs/benchmarks.md).
+            an H100 the chunked verify kernel took 12-13% off a trained 0.5B's generations
+            that have a tail and gave the same 6,000 test answers, but a few rows of its
+            200-row held-out calls differed, not yet counted: docs/benchmarks.md).
         speculate_rows: with ``speculate``, verify steps once the queue is empty and at most
             this many rows run (``None``: fewer than a tenth of the slots, the tail); a batch
             whose ``speculate + 1`` tokens a row do not fit one forward of the slots takes
