@@ -23,7 +23,7 @@ from evolm import metrics as M
 from evolm.callbacks import Record
 from evolm.callbacks.base import Sample
 from evolm.engine.base import Engine
-from evolm.loop import eval_metrics, eval_samples
+from evolm.loop import all_eval_samples, eval_metrics
 from evolm.lora import LoraPopulation
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,10 @@ def evaluate_adapter(
     engine = parts.make_engine() if engine is None else engine
     try:
         adapter = LoraPopulation.single(parts.layout, [t.detach().float() for t in tensors])
-        metrics, ev = eval_metrics(engine, parts.task, adapter, seed, extra_evals=parts.extra_evals)
-        samples = eval_samples(engine, parts.task, ev, range(len(parts.task.eval_examples())))
+        metrics, ev, extras = eval_metrics(
+            engine, parts.task, adapter, seed, extra_evals=parts.extra_evals
+        )
+        samples = all_eval_samples(engine, parts.task, ev, parts.extra_evals, extras)
     finally:
         engine.close()  # its KV slots and adapter buffers: the training step needs the memory
         if owned:

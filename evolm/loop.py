@@ -58,11 +58,12 @@ def eval_metrics(
     comm: Comm = SINGLE,
     extra_evals: Mapping[str, Task] | None = None,
     kl: bool = True,
-) -> tuple[Record, Evaluation]:
+) -> tuple[Record, Evaluation, dict[str, Evaluation]]:
     """The eval metrics of one adapter on ``task``'s eval split (``eval/*`` names, what every
-    eval of the ES mean logs; ``time/eval_s`` aside), and the evaluation itself: the task's
-    scores and diagnostics, its KL to the base (``kl``, where the engine scores it) and every
-    extra eval task's (``eval/<name>/*``: what training costs on tasks it does not train)."""
+    eval of the ES mean logs; ``time/eval_s`` aside): the task's scores and diagnostics, its KL
+    to the base (``kl``, where the engine scores it) and every extra eval task's
+    (``eval/<name>/*``: what training costs on tasks it does not train). Then the evaluations
+    themselves: the task's, and each extra eval task's by name."""
     examples = task.eval_examples()
     ev = evaluate(engine, task, examples, adapter, seed, comm, eval_sampling(task))
     metrics = {M.eval_score(k): v for k, v in ev.metrics.items()}
@@ -70,8 +71,9 @@ def eval_metrics(
     if kl:
         found = kl_to_base(engine, examples, ev.completions[0], adapter, comm)
         metrics |= {M.eval_diagnostic(k): v for k, v in found.items()}
+    extras: dict[str, Evaluation] = {}
     for name, extra_task in (extra_evals or {}).items():
-        extra = evaluate(
+        extras[name] = extra = evaluate(
             engine,
             extra_task,
             extra_task.eval_examples(),
@@ -82,20 +84,42 @@ def eval_metrics(
         )
         metrics |= {M.extra_eval_score(name, k): v for k, v in extra.metrics.items()}
         metrics |= {M.extra_eval_diagnostic(name, k): v for k, v in extra.diagnostics.items()}
-    return metrics, ev
+    return metrics, ev, extras
 
 
-def eval_samples(engine: Engine, task: Task, ev: Evaluation, rows: Sequence[int]) -> list[Sample]:
+def eval_samples(
+    engine: Engine, task: Task, ev: Evaluation, rows: Sequence[int], eval_set: str = ""
+) -> list[Sample]:
     """The eval prompts ``rows`` (as the model saw them) with the adapter's completion and
-    scores in ``ev`` (:func:`eval_metrics`' evaluation): what :class:`SampleWriter` writes."""
+    scores in ``ev`` (:func:`eval_metrics`' evaluation of ``task``; ``eval_set``: its name
+    among the extra evals): what :class:`SampleWriter` writes."""
     examples = task.eval_examples()
     return [
         Sample(
             render(engine, examples[p]),
             ev.completions[0][p],
             {k: v[p] for k, v in ev.scores.items()},
+            eval_set,
         )
         for p in rows
+    ]
+
+
+def all_eval_samples(
+    engine: Engine,
+    task: Task,
+    ev: Evaluation,
+    extra_evals: Mapping[str, Task] | None,
+    extras: Mapping[str, Evaluation],
+    comm: Comm = SINGLE,
+) -> list[Sample]:
+    """:func:`eval_samples` of the task's eval split, then of each extra eval task (this
+    process's rows of each): every answer of one :func:`eval_metrics` call."""
+    sets = [("", task, ev)] + [(n, t, extras[n]) for n, t in (extra_evals or {}).items()]
+    return [
+        sample
+        for name, t, e in sets
+        for sample in eval_samples(engine, t, e, comm.shard(range(len(t.eval_examples()))), name)
     ]
 
 
@@ -177,7 +201,7 @@ class ESLoop:
         """The eval metrics of the mean, and the samples callbacks get (``on_eval``)."""
         start = time.perf_counter()
         mean = LoraPopulation.single(self.layout, self.strategy.mean_adapter(state))
-        metrics, ev = eval_metrics(
+        metrics, ev, extras = eval_metrics(
             self.engine,
             self.task,
             mean,
@@ -186,8 +210,7 @@ class ESLoop:
             self.extra_evals,
             kl=not self.strategy.moves_base,  # a base that IS the mean: its KL to itself is moot
         )
-        mine = self.comm.shard(range(len(self.task.eval_examples())))  # this process's rows
-        samples = eval_samples(self.engine, self.task, ev, mine)
+        samples = all_eval_samples(self.engine, self.task, ev, self.extra_evals, extras, self.comm)
         return {**metrics, M.EVAL_S: time.perf_counter() - start}, samples
 
     def evaluate_population(

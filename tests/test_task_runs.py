@@ -42,7 +42,13 @@ def run(tmp_path: Path, *overrides: str, cwd: Path = REPO) -> list[dict[str, Any
 
 
 def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
-    records = run(tmp_path, "task=countdown", *SMALL_RUN, "task.eval_samples=4")
+    free = [  # an extra eval set, as issue 36's runs hold their template-free held-out sets
+        "+task@extra_evals.free=countdown",
+        "extra_evals.free.generator=uniform",
+        "extra_evals.free.eval_samples=3",
+        "extra_evals.free.max_new_tokens=16",
+    ]
+    records = run(tmp_path, "task=countdown", *SMALL_RUN, "task.eval_samples=4", *free)
     assert [r["generation"] for r in records] == [0, 1, 2]
     for key in ("reward", "format_reward", "answer_reward", "accuracy"):
         assert f"eval/{key}_mean" in records[0]
@@ -68,6 +74,16 @@ def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
     for sample in samples:
         scores = json.loads(sample.read_text().splitlines()[0])["scores"]
         assert "accuracy" in scores and not [k for k in scores if k.startswith("_")]
+    # the extra set's answers beside them, in samples/free/: its own puzzles, its own scores
+    extra = sorted((tmp_path / "run" / "samples" / "free").glob("gen-*.jsonl"))
+    assert [p.name for p in extra] == [p.name for p in samples]
+    for path, own, record in zip(extra, samples, records, strict=True):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(lines) == 3 and {s["generation"] for s in lines} == {record["generation"]}
+        own_prompts = {json.loads(line)["prompt"] for line in own.read_text().splitlines()}
+        assert not own_prompts & {s["prompt"] for s in lines}
+        solved = sum(s["scores"]["accuracy"] for s in lines) / 3
+        assert solved == pytest.approx(record["eval/free/accuracy_mean"])
 
 
 @pytest.mark.slow  # make test-all

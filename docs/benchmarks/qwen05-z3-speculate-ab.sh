@@ -7,14 +7,17 @@
 # /root/p, `launch.sh 0 0 - q05 convert` and z3's adapter in /root/z3-adapter
 # (docs/results/countdown-paper-split/device/):
 #   bash docs/benchmarks/qwen05-z3-speculate-ab.sh GENERATIONS VARIANT...   e.g. 3 0 4
+#   AB_OVERRIDES="eval_start=false" bash ... 5 0 4   (more overrides for every variant; session
+#   31's: no start eval, so 5 generations fit beside the final eval)
 # VARIANT: a number N (the local engine, server.speculate=N), N:R (the same with
 # server.speculate_rows=R: verify steps once at most R rows run), `sglang` (server=sglang) or
 # `sglang-ngram` (server=sglang with SGLang's own n-gram speculation, which takes LoRA adapters
 # since sgl-project/sglang#12903: --speculative-algorithm NGRAM; not yet run with evolm). The
 # SGLang variants need the GPU bundle extracted to /tmp/site (docs/sglang-gpu.md).
-# Each run: the start's and the last eval (the mean's 2,000 test answers saved: compared row by row) and
-# GENERATIONS training generations (the same seed: the same members and puzzles, so they
-# compare one to one). Prints the comparison; records in /root/specz3/.
+# Each run: the start's and the last eval (the mean's 2,000 test answers and each held-out
+# set's 200 saved: compared row by row) and GENERATIONS training generations (the same seed:
+# the same members and puzzles, so they compare one to one). Prints the comparison; records
+# in /root/specz3/.
 set -u
 export EVOLM_CACHE_DIR=/root/evcache EVOLM_COUNTDOWN_JSON=/root/countdown.json PYTHONUNBUFFERED=1
 R=/root/specz3; mkdir -p "$R"; cd /root/evolm-run
@@ -31,7 +34,7 @@ for n in "$@"; do
   rm -rf "$R/$d"
   python3 -m evolm experiment=qwen05_paper_countdown_shots model=qwen2.5-coder-0.5b-instruct \
     model.gguf_file=/root/q05.gguf lora.init_from=/root/z3-adapter logger=none \
-    generations="$gens" eval_every=1000 callbacks.samples.count=2000 $server \
+    generations="$gens" eval_every=1000 callbacks.samples.count=2000 $server ${AB_OVERRIDES:-} \
     hydra.run.dir=$R/$d > $R/$d.log 2>&1
   echo "$d: exit $?"
 done
@@ -48,8 +51,9 @@ for n in ns:
     for line in open(root / d / "results.jsonl"):
         r = json.loads(line)
         print(f"{d} gen {r['generation']}:", {k.split('/')[-1]: round(r[k], 5) for k in keys if k in r})
-    answers[n] = {f.name: [json.loads(l)["completion"] for l in open(f)]
-                  for f in sorted((root / d / "samples").glob("gen-*.jsonl"))}
+    samples = root / d / "samples"  # the test set's, and each held-out set's in <name>/
+    answers[n] = {str(f.relative_to(samples)): [json.loads(l)["completion"] for l in open(f)]
+                  for f in sorted(samples.rglob("gen-*.jsonl"))}
 base = answers[ns[0]]
 for n in ns[1:]:
     for name, rows in base.items():  # each evaluation's answers, row by row

@@ -57,11 +57,13 @@ class RunContext:
 
 @dataclass(frozen=True)
 class Sample:
-    """One eval prompt (as the model saw it), the mean's completion and its scores."""
+    """One eval prompt (as the model saw it), the mean's completion and its scores;
+    ``eval_set``: the extra eval task it comes from (``""``: the task's own eval split)."""
 
     prompt: str
     completion: str
     scores: dict[str, float]
+    eval_set: str = ""
 
 
 class Callback:

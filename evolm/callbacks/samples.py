@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from evolm.callbacks.base import Callback, RunContext, Sample
 from evolm.callbacks.results import json_line
+from evolm.checkpoint import atomic_write
 from evolm.errors import ConfigError
 
 
@@ -15,8 +15,10 @@ class SampleWriter(Callback):
     """At every evaluation of the mean, writes its first ``count`` eval prompts, with the
     mean's completion and the task's scores, to ``<run dir>/<dirname>/gen-<generation>.jsonl``
     (one JSON object a line: ``generation``, ``prompt``, ``completion``, ``scores``; written
-    atomically, the generation zero-padded so the files sort). The MLflow logger uploads the
-    folder at the end (``logger.mlflow.artifacts``). In a distributed run: rank 0's prompts.
+    atomically, the generation zero-padded so the files sort), and each extra eval set's
+    (e.g. countdown's template-free held-out sets) first ``count`` to
+    ``<dirname>/<set>/gen-<generation>.jsonl``. The MLflow logger uploads the folder at the end
+    (``logger.mlflow.artifacts``). In a distributed run: rank 0's prompts.
 
     Args:
         count: prompts per evaluation (0: none).
@@ -34,24 +36,27 @@ class SampleWriter(Callback):
     def write(
         self, run_dir: Path, generation: int, generations: int, samples: Sequence[Sample]
     ) -> None:
-        """The first ``count`` of ``samples`` to ``<run_dir>/<dirname>/gen-<generation>.jsonl``
-        (``generations``: the run's cap, which sets the zero-padding)."""
+        """The first ``count`` of each eval set's ``samples`` to
+        ``<run_dir>/<dirname>[/<set>]/gen-<generation>.jsonl`` (``generations``: the run's cap,
+        which sets the zero-padding)."""
         if not self.count:
             return
+        by_set: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_set.setdefault(s.eval_set, []).append(s)
         width = len(str(generations))
-        path = run_dir / self.dirname / f"gen-{generation:0{width}d}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [
-            json_line(
-                {
-                    "generation": generation,
-                    "prompt": s.prompt,
-                    "completion": str(s.completion),
-                    "scores": s.scores,
-                }
-            )
-            for s in samples[: self.count]
-        ]
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(lines), encoding="utf-8")
-        os.replace(tmp, path)
+        for name, rows in by_set.items():
+            folder = run_dir / self.dirname / name if name else run_dir / self.dirname
+            lines = [
+                json_line(
+                    {
+                        "generation": generation,
+                        "prompt": s.prompt,
+                        "completion": str(s.completion),
+                        "scores": s.scores,
+                    }
+                )
+                for s in rows[: self.count]
+            ]
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write(folder / f"gen-{generation:0{width}d}.jsonl", "".join(lines).encode())
