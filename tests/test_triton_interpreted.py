@@ -43,7 +43,11 @@ def test_speculative_decoding_equals_plain_in_triton_mode() -> None:
 
 def assert_speculation_exact(spec: dict[str, float]) -> None:
     assert spec["equal"] == 1.0, spec
-    assert spec["span_max_diff"] == 0.0, spec  # verify rows' attention: a row's own arithmetic
+    # the verify rows' attention against the one-row kernel's: bit-equal on a GPU (the PTX
+    # test, and the GPU tests on an H100); interpreted, it is numpy's float32 arithmetic, whose
+    # last bits follow the CPU's SIMD code paths (0 on an Intel Xeon with AVX-512, up to 2.4e-7
+    # on an AMD EPYC without it, session 31): a few ulps, and an unwritten row (inf) fails
+    assert spec["span_max_diff"] <= 1e-6, spec
     assert 0 < spec["spec_steps"] < spec["plain_steps"], spec  # verify steps ran, fewer of them
     assert spec["spec_kept"] > spec["spec_steps"], spec  # and kept drafted tokens
     assert spec["spec_drafted_per_row"] == 3.0, spec  # k = 3 for every row, near its budget too

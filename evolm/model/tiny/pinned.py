@@ -1,5 +1,8 @@
-"""Build the tiny model in a fresh process whose CPU kernels are pinned, so that every x86-64
-machine with AVX2 writes the same bytes (and so runs the same ES run on them).
+"""Build the tiny model in a fresh process whose CPU kernels are pinned, so that the machines
+of one CPU class write the same bytes (and so run the same ES run on them). Not every x86-64
+machine with AVX2 does: an AMD EPYC without AVX-512 (Zen 3) built other bytes than an Intel
+Xeon with AVX-512 under these pins (2026-12-07; ``tests/test_model.py`` holds a reference per
+CPU class); which library still picks its code by the CPU is open.
 
 Which kernels torch runs is fixed when it loads: ATen picks its vectorized kernels by the CPU
 (AVX-512 or AVX2: ``ATEN_CPU_CAPABILITY``), MKL its GEMM code path (``MKL_CBWR``). They round
