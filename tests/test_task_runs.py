@@ -107,16 +107,15 @@ def test_headline_countdown_command_learns(tmp_path: Path, countdown_model_dir: 
     members on 16 puzzles, held-out reward on 32): the held-out reward and format rise, the
     accuracy does not fall.
 
-    The countdown model is built the same on every machine of one CPU class (float64 warm-up,
-    test_model.py; an AMD EPYC without AVX-512 builds another than the Intel Xeon, and there
-    the run went 0.089 -> 0.160, format 0.27 -> 0.66, accuracy 2 -> 3 of 32, with the same
-    warning), and the run gave the same adapter under AVX-512, AVX2 and plain CPU kernels.
-    Its numbers moved with the model's build: reward 0.024 -> 0.120 (an early
-    release), 0.033 -> 0.103 with accuracy 0 -> 1 of 32 (MKL's AVX2 branch, on an AMD EPYC),
-    now 0.069 -> 0.112, format 0.38 -> 0.80, accuracy 1 of 32 throughout (MKL's COMPATIBLE
-    branch, on the Intel Xeon): what it learns is the format (README). The assertion
-    asks for format +0.25 and reward +0.03, and for the run to say that its held-out reward
-    rose at a flat accuracy (the health monitor's ``accuracy_flat``)."""
+    The countdown model is built the same on every x86-64 machine with AVX2 (float64 warm-up,
+    fused AdamW, test_model.py), and the run gave the same adapter under AVX-512, AVX2 and
+    plain CPU kernels. Its numbers moved with the model's build: reward 0.024 -> 0.120 (an
+    early release), 0.033 -> 0.103 (MKL's AVX2 branch), 0.069 -> 0.112 with accuracy 1 of 32
+    throughout (MKL's COMPATIBLE branch, on an Intel Xeon), now 0.118 -> 0.248, format 0.24 ->
+    0.92, accuracy 3 -> 5 of 32 (the fused AdamW, on an AMD EPYC; told at generation 30): what
+    it learns is the format (README). The assertion asks for format +0.25 and reward +0.03,
+    and for the run to say that its held-out reward rose at a flat accuracy (the health
+    monitor's ``accuracy_flat``)."""
     said, records = run_said(tmp_path, "task=countdown", "es.sigma=0.001")
     assert "THIS RUN IS GAMING ITS REWARD (eval/accuracy_mean)" in said, said[-4000:]
     evals = [r for r in records if "eval/reward_mean" in r]

@@ -50,17 +50,20 @@ not: ``THIS RUN IS GAMING ITS REWARD``, quoting both. ``accuracy_fell``: the fit
 first generation's while the accuracy has fallen by ``shortcut_rise``, by half or more below
 the first evaluation's and beyond its sampling error (above) (issue 36: with
 ``task.blind_baseline=true`` the 1.5B stopped reasoning to collect the format reward, 2.5% ->
-0.0% in 20 generations). ``accuracy_flat``: the fitness is above the first generation's and
-it, or the mean's reward on the held-out puzzles (``eval/reward_mean``, against the first
-evaluation's), has risen by at least the first spread across members of the run
+0.0% in 20 generations). ``accuracy_flat``: the fitness, or the mean's reward on the held-out
+puzzles (``eval/reward_mean``, against the first evaluation's; a generation's fitness is on
+that generation's puzzles and may dip below the first's while it climbs), has risen by at least
+the first spread across members of the run
 (``train/fitness_std`` of its first generation whose members did not all tie; a rise of the
 population mean that large is several standard errors) while the accuracy has risen by
 less than ``shortcut_rise`` (issue 36's 0.5B with a format weight of 0.02: fitness 0.011 ->
 0.019, every answer ``(a + b) / 3``, accuracy 0.0% -> 0.05% for 141 generations) or within its
 sampling error (the tiny model's countdown demo: 0 -> 1 of 32 puzzles while its fitness, the
-format reward, rose 0.33 -> 0.72, every answer the sum of the numbers; on its current build the
+format reward, rose 0.33 -> 0.72, every answer the sum of the numbers; on a later build the
 fitness rose 0.072 -> 0.093, under its spread of 0.029, while the held-out reward rose 0.069 ->
-0.112 at an accuracy of 1 of 32 throughout).
+0.112 at an accuracy of 1 of 32 throughout; on session 32's build the held-out reward rose
+0.118 -> 0.225 -> 0.239 at 3 -> 5 -> 5 of 32 while the fitness went 0.105 -> 0.128 -> 0.081,
+its generations' puzzles easier, then harder, than the first's).
 
 A run that never answers correctly (``never_correct``) is told so when for
 ``STREAK_NEEDED["never_correct"]`` (20) generations in a row, and ``patience``, no member solved
@@ -181,7 +184,7 @@ FELL_ADVICE = (
     "task.blind_baseline=true it is all that a fixed answer earns)"
 )
 FLAT_ADVICE = (
-    "the population's fitness rose from {start} to {fitness} (its first spread across members: "
+    "the population's fitness {moved} from {start} to {fitness} (its first spread across members: "
     "{spread}){held} while the mean's held-out accuracy ({acc}) went from {acc_start} "
     "to {acc_now} at {n} evaluations in a row{train}{noise}: the reward pays for something other "
     "than solving held-out puzzles. Read the mean's completions ({samples}) and check what the "
@@ -398,18 +401,16 @@ class LearningMonitor(Callback):
         more and by :data:`RISE_Z` standard errors below the first evaluation's while the
         fitness is above the first generation's;
         :data:`FLAT` when it has risen by less than ``shortcut_rise`` or by less than
-        :data:`RISE_Z` standard errors while the fitness is above the first generation's and it,
-        or the mean's reward on the same held-out puzzles (``eval/reward_mean``), has risen by
-        the run's first spread across members or more (none yet, every generation a tie: not
-        judged); else None."""
+        :data:`RISE_Z` standard errors while the fitness, or the mean's reward on the same
+        held-out puzzles (``eval/reward_mean``), has risen by the run's first spread across
+        members or more (none yet, every generation a tie: not judged); else None."""
         if self.first_eval is None or self.first is None or ACCURACY not in self.first_eval:
             return None
         start, now = self.first_eval[ACCURACY], evaluation[ACCURACY]
-        rise = record[M.FITNESS_MEAN] - self.first[M.FITNESS_MEAN]
-        if not rise > 0:  # NaN: no
-            return None
+        rise = record[M.FITNESS_MEAN] - self.first[M.FITNESS_MEAN]  # NaN: no rise below
         fall, se = start - now, _change_se(self.first_eval, evaluation)
-        if fall >= max(self.shortcut_rise, start / 2) and not fall < RISE_Z * se:  # NaN se: off
+        fell = fall >= max(self.shortcut_rise, start / 2) and not fall < RISE_Z * se  # NaN se: off
+        if rise > 0 and fell:
             return FELL
         # flat: a rise under shortcut_rise or within its sampling error (NaN se: the first only)
         flat = now - start < self.shortcut_rise or now - start < RISE_Z * se
@@ -417,6 +418,8 @@ class LearningMonitor(Callback):
         held = evaluation.get(M.EVAL_REWARD, math.nan) - self.first_eval.get(
             M.EVAL_REWARD, math.nan
         )
+        # a generation's fitness is on that generation's puzzles: it may dip below the first
+        # generation's while the reward on the same held-out puzzles climbs
         risen = self.spread is not None and (rise >= self.spread or held >= self.spread)
         return FLAT if flat and risen else None
 
@@ -436,9 +439,11 @@ class LearningMonitor(Callback):
                 f", the mean's held-out reward ({M.EVAL_REWARD}) from "
                 f"{first_eval[M.EVAL_REWARD]:.6g} to {evaluation[M.EVAL_REWARD]:.6g}"
             )
+        start, fitness = first.get(M.FITNESS_MEAN, math.nan), record[M.FITNESS_MEAN]
         message = (FELL_ADVICE if condition == FELL else FLAT_ADVICE).format(
-            start=f"{first.get(M.FITNESS_MEAN, math.nan):.6g}",
-            fitness=f"{record[M.FITNESS_MEAN]:.6g}",
+            start=f"{start:.6g}",
+            fitness=f"{fitness:.6g}",
+            moved="rose" if fitness > start else "went",
             spread=f"{self.spread if self.spread is not None else math.nan:.6g}",
             held=held,
             acc=ACCURACY,

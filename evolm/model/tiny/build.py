@@ -91,7 +91,7 @@ def warm_up(
     differences (a 60-step build agrees under all of them) but does not remove them: the
     800-step countdown build still differed between kernels. So this function alone is
     deterministic on one machine's kernels; :func:`evolm.model.tiny.pinned.build_pinned` (what
-    ``TinyModel.resolve`` runs) pins them, for the same bytes on one CPU class. float64 costs
+    ``TinyModel.resolve`` runs) pins them, for the same bytes on every AVX2 CPU. float64 costs
     about twice the float32 time.
     """
     threads = torch.get_num_threads()

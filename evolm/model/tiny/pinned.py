@@ -1,8 +1,5 @@
-"""Build the tiny model in a fresh process whose CPU kernels are pinned, so that the machines
-of one CPU class write the same bytes (and so run the same ES run on them). Not every x86-64
-machine with AVX2 does: an AMD EPYC without AVX-512 (Zen 3) built other bytes than an Intel
-Xeon with AVX-512 under these pins (2026-12-07; ``tests/test_model.py`` holds a reference per
-CPU class); which library still picks its code by the CPU is open.
+"""Build the tiny model in a fresh process whose CPU kernels are pinned, so that every x86-64
+machine with AVX2, Intel or AMD, writes the same bytes (and so runs the same ES run).
 
 Which kernels torch runs is fixed when it loads: ATen picks its vectorized kernels by the CPU
 (AVX-512 or AVX2: ``ATEN_CPU_CAPABILITY``), MKL its GEMM code path (``MKL_CBWR``). They round
@@ -17,8 +14,13 @@ its compatible one (SSE2 without the approximate reciprocals) because its ``AVX2
 reproducible on Intel CPUs only: elsewhere MKL quietly runs its ``AUTO`` branch instead (its
 developer guide, "Getting Started with Conditional Numerical Reproducibility"). Pinned to
 ``AVX2``, an AMD EPYC and an Intel Xeon built different models (session 24); to
-``COMPATIBLE`` the branch is the same code on both. The same bytes came out with glibc's AVX-512
-dispatch switched off (``GLIBC_TUNABLES``) and with 2 threads asked for. A CPU without AVX2
+``COMPATIBLE`` the branch is the same code on both. One op still rounded by the CPU's vendor
+whatever the pins: ``torch.sqrt`` goes to MKL's vector math, which puts ~1.4% of float64 square
+roots one ulp off, not the same ones on an Intel Xeon and an AMD EPYC (Zen 3), and the unfused
+AdamW step takes one per weight per step; so the warm-up runs the fused AdamW, whose square
+root is ATen's (the instruction's, exact). A 200-step float64 warm-up then gave the same weights
+on both (session 32). The same bytes came out with glibc's AVX-512 dispatch switched off
+(``GLIBC_TUNABLES``) and with 2 threads asked for. A CPU without AVX2
 builds with ATen's default kernels instead, and says that its bytes differ. The build's log
 lines reach the caller's loggers.
 """

@@ -172,7 +172,9 @@ def pretrain(
     for phase in (kinds[:n_short], kinds[n_short:]):
         if not phase:
             continue
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        # fused: its square root is the CPU's own (ATen's vectorized one); the unfused step's
+        # torch.sqrt goes to MKL's vector math, which rounds differently on Intel and AMD
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=True)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=len(phase))
         for kind in phase:
             began = time.perf_counter()

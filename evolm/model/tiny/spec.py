@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the builder's output changes for the same spec: old cache entries are then ignored.
-TINY_BUILD_VERSION = 5  # 4: built with pinned CPU kernels (.pinned); 5: MKL's COMPATIBLE branch
+# 4: built with pinned CPU kernels (.pinned); 5: MKL's COMPATIBLE branch; 6: the fused AdamW
+# (the same bytes on Intel and AMD)
+TINY_BUILD_VERSION = 6
 MIN_HEAD_DIM = 32  # vLLM's CPU attention rejects smaller heads at the first request.
 MIN_VOCAB_SIZE = 512  # 256 byte-level symbols + 3 special tokens + room for merges.
 
