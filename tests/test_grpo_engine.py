@@ -34,8 +34,10 @@ from evolm.sampling import cut_at_stop
 from tests.helpers import read_results
 
 STOP = "</answer>"
+SEED = 1  # seed 0's first 8 rollouts all score the same on session 32's tiny build: no update
 EVOLM = [  # evolm overrides: two updates of 2 prompts x 4 completions, an eval after each
     "task=countdown",
+    f"seed={SEED}",
     "task.max_new_tokens=48",
     f"task.stop=['{STOP}']",
     "task.eval_samples=12",
@@ -163,7 +165,7 @@ def test_the_same_config_gives_the_same_run(runs: list[Recorded]) -> None:
         r.completion_ids for r in runs[1].rollouts
     ]
     seeds = [r.seed for r in runs[0].rollouts]
-    assert seeds == [rollout_seed(0, 0), rollout_seed(0, 1)] and seeds[0] != seeds[1]
+    assert seeds == [rollout_seed(SEED, 0), rollout_seed(SEED, 1)] and seeds[0] != seeds[1]
     config = (runs[0].run_dir / "config.yaml").read_text()
     assert "gpu_memory_utilization: 0.5" in config  # grpo.engine_memory, the engine's share
 
@@ -209,7 +211,7 @@ def test_the_completion_ids_are_the_engines_for_the_prompt_adapter_and_seed(
     adapter = LoraPopulation.single(parts.layout, tensors)
     sampling = trainer.rollouts.sampling
     assert (sampling.temperature, sampling.max_new_tokens, sampling.stop) == (1.0, 48, (STOP,))
-    seed, pairs = rollout_seed(0, 0), [(0, i) for i in range(len(rows))]  # the first rollout
+    seed, pairs = rollout_seed(SEED, 0), [(0, i) for i in range(len(rows))]  # the first rollout
     want = engine.generate_rows(TextRequest(rows, adapter, pairs, sampling, seed))
     eos = set(trainer.eos_token_ids)
     kinds = set()
