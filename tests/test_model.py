@@ -94,6 +94,30 @@ def test_build_is_byte_for_byte_deterministic(tmp_path: Path) -> None:
         assert sha256(a / name) == sha256(b / name), name
 
 
+def test_the_warm_up_takes_no_square_root_from_mkls_vector_math(tmp_path: Path) -> None:
+    """``torch.sqrt`` goes to MKL's vector math, which rounds ~1.4% of float64 square roots one
+    ulp off, differently on Intel and AMD CPUs (``python -m benchmarks.cpu_vendor``); the
+    unfused AdamW took one per weight per step, and the two vendors built different models.
+    The warm-up's optimizer step is the fused one (ATen's square root), and nothing in a step
+    (a question/answer one and countdown ones) calls ``aten.sqrt``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from evolm.task.countdown.warmup import CountdownWarmup
+
+    called: set[str] = set()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            called.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    spec = TinyModel(warmup_steps=4, countdown_share=0.5, max_position_embeddings=2048)
+    with Ops():
+        build_tiny_model(tmp_path, spec, CountdownWarmup())
+    assert "aten._fused_adamw_.default" in called
+    assert not {op for op in called if op.startswith("aten.sqrt")}, sorted(called)
+
+
 def test_build_leaves_global_rng_untouched(tmp_path: Path) -> None:
     torch.manual_seed(123)
     expected = torch.rand(3)
