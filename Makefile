@@ -94,11 +94,13 @@ clean: ## Remove outputs/ (runs, sweeps, mlflow.db, optuna.db) and .venv; not th
 	rm -rf outputs $(VENV)
 
 # The models evolm builds or converts on first use (tiny, smollm2: hundreds of MB) live outside
-# the checkout, in <cache>/models: the next run builds them again (the countdown tiny model: 2-3
-# min of CPU). <cache> is resolved as evolm does (evolm/model/cache.py: cache_root).
-clean-cache: ## Remove the model cache: EVOLM_CACHE_DIR (default ~/.cache/evolm)/models
+# the checkout, in <cache>/models: the next run builds them again (the countdown tiny model: 13-17
+# min of one core on a 2-core AMD EPYC). <cache> is resolved as evolm does (evolm/model/cache.py:
+# cache_root; <cache>/locks holds the build locks).
+clean-cache: ## Remove the model cache: EVOLM_CACHE_DIR (default ~/.cache/evolm)/models (and its build locks)
 	@root="$${EVOLM_CACHE_DIR:-$$HOME/.cache/evolm}"; root="$${root/#\~/$$HOME}"; \
-		echo "rm -rf $$root/models"; rm -rf "$$root/models"; rmdir "$$root" 2>/dev/null || true
+		echo "rm -rf $$root/models $$root/locks"; rm -rf "$$root/models" "$$root/locks"; \
+		rmdir "$$root" 2>/dev/null || true
 
 .PHONY: mlflow-ui
 mlflow-ui: install-runtime ## Browse and compare runs: MLflow UI on http://127.0.0.1:5000 (outputs/mlflow.db)

@@ -21,6 +21,7 @@ for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
 
 from evolm.server.connection import free_port  # noqa: E402
+from tests.helpers import COUNTDOWN_DEMO, COUNTDOWN_TINY  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -34,29 +35,19 @@ def evolm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(evolm_cache: Path) -> str:
-    from evolm.model import TinyModel
-
-    return TinyModel().resolve()
-
-
-# What conf/model/tiny.yaml builds with task=countdown (the countdown warm-up; about 2 min).
-COUNTDOWN_TINY = {
-    "warmup_steps": 800,
-    "countdown_share": 0.75,
-    "countdown_untagged": 0.5,
-    "max_position_embeddings": 2048,  # a prompt + task.max_new_tokens=1024 fit
-}
-
-
-NEEDS_COUNTDOWN = pytest.StashKey[bool]()
+NEEDS_MODELS = pytest.StashKey[list[str]]()
 PREBUILD = """
 import json, sys
 from evolm.model import TinyModel
 from evolm.task.countdown.warmup import CountdownWarmup
-TinyModel(**json.loads(sys.argv[1])).resolve(warmup=CountdownWarmup())
+for spec in json.loads(sys.argv[1]):  # each waits for, or takes, the model's build lock
+    TinyModel(**spec).resolve(warmup=CountdownWarmup() if spec else None)
 """
+MODEL_FIXTURES = {  # in the order they are built and their users run
+    "tiny_model_dir": {},
+    "countdown_model_dir": COUNTDOWN_TINY,
+    "countdown_demo_dir": COUNTDOWN_DEMO,
+}
 
 
 NEEDS_VLLM = pytest.StashKey[bool]()
@@ -65,10 +56,12 @@ VLLM_SETUP = REPO / "launchers" / "setup_vllm_cpu.sh"
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Note which background builds the session needs, and run the modules that wait for one
-    last (the countdown model's, then vLLM's), in their order: the builds then overlap the
-    other tests instead of keeping the first user waiting (a clean-clone suite's GRPO test
-    waited ~95 s for the countdown model, the vLLM tests ~50 s for vLLM)."""
+    """Note which background builds the session needs, and order whole modules by what they
+    wait for: none of the tiny models first, then the default one, the countdown ones, and vLLM
+    (:func:`model_prebuild` builds the models in that order beside the tests, and
+    :func:`vllm_setup` sets up vLLM): the builds then overlap the tests before their first
+    user instead of keeping it waiting (the default model's 115 s, the countdown model's
+    minutes, vLLM's ~50 s)."""
 
     def needs(item: pytest.Item, fixture: str) -> bool:
         return fixture in getattr(item, "fixturenames", ())
@@ -76,11 +69,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def path(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
-    config.stash[NEEDS_COUNTDOWN] = any(needs(item, "countdown_model_dir") for item in items)
+    order = (*MODEL_FIXTURES, "vllm_python")
+    config.stash[NEEDS_MODELS] = [f for f in MODEL_FIXTURES if any(needs(i, f) for i in items)]
     config.stash[NEEDS_VLLM] = any(needs(item, "vllm_python") for item in items)
     waits: dict[str, int] = {}
     for item in items:
-        wait = 2 if needs(item, "vllm_python") else 1 if needs(item, "countdown_model_dir") else 0
+        wait = max((rank + 1 for rank, f in enumerate(order) if needs(item, f)), default=0)
         waits[path(item)] = max(waits.get(path(item), 0), wait)
     items.sort(key=lambda item: waits[path(item)])  # stable: whole modules move
 
@@ -132,22 +126,28 @@ def vllm_python(vllm_setup: tuple[subprocess.Popen[bytes], Path] | None) -> str:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def countdown_prebuild(
+def model_prebuild(
     evolm_cache: Path, request: pytest.FixtureRequest
 ) -> Iterator[subprocess.Popen[bytes] | None]:
-    """In a session that needs the countdown model, its build (one warm-up thread, about 2.5
-    min) starts in the background with the first test, so it takes the second core of a 2-core
-    machine while the tests before the first user run, not the critical path."""
+    """The tiny models the session needs (the default one, then the countdown ones; one warm-up
+    thread each) build in one background process from the first test on, beside the tests that
+    need neither (they use about one core of two). A user that comes first waits for the build
+    under way (the model cache's build lock), or builds the model itself."""
     from evolm.model import TinyModel
     from evolm.model.cache import is_built
     from evolm.task.countdown.warmup import CountdownWarmup
 
-    target = TinyModel(**COUNTDOWN_TINY).model_dir(warmup=CountdownWarmup())
-    if not request.config.stash.get(NEEDS_COUNTDOWN, False) or is_built(target):
+    specs = [MODEL_FIXTURES[f] for f in request.config.stash.get(NEEDS_MODELS, [])]
+    specs = [
+        s
+        for s in specs
+        if not is_built(TinyModel(**s).model_dir(warmup=CountdownWarmup() if s else None))
+    ]
+    if not specs:
         yield None
         return
     proc = subprocess.Popen(
-        [sys.executable, "-c", PREBUILD, json.dumps(COUNTDOWN_TINY)],
+        [sys.executable, "-c", PREBUILD, json.dumps(specs)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -159,15 +159,31 @@ def countdown_prebuild(
 
 
 @pytest.fixture(scope="session")
-def countdown_model_dir(
-    evolm_cache: Path, countdown_prebuild: subprocess.Popen[bytes] | None
-) -> str:
+def tiny_model_dir(evolm_cache: Path) -> str:
+    from evolm.model import TinyModel
+
+    return TinyModel().resolve()
+
+
+@pytest.fixture(scope="session")
+def countdown_model_dir(evolm_cache: Path) -> str:
+    """The tests' countdown model (:data:`tests.helpers.COUNTDOWN_TINY`: what a run of
+    ``task=countdown`` with :data:`tests.helpers.COUNTDOWN_MODEL` loads)."""
+    return countdown_model(COUNTDOWN_TINY)
+
+
+@pytest.fixture(scope="session")
+def countdown_demo_dir(evolm_cache: Path) -> str:
+    """The countdown demo's model (:data:`tests.helpers.COUNTDOWN_DEMO`: what ``python -m
+    evolm task=countdown`` loads; ~13 minutes of one core): slow tests only."""
+    return countdown_model(COUNTDOWN_DEMO)
+
+
+def countdown_model(spec: dict[str, Any]) -> str:
     from evolm.model import TinyModel
     from evolm.task.countdown.warmup import CountdownWarmup
 
-    if countdown_prebuild is not None:
-        countdown_prebuild.wait()  # built (or failed: the build below then says why)
-    return TinyModel(**COUNTDOWN_TINY).resolve(warmup=CountdownWarmup())
+    return TinyModel(**spec).resolve(warmup=CountdownWarmup())
 
 
 @pytest.fixture(scope="session")

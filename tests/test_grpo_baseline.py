@@ -26,10 +26,11 @@ from evolm.errors import ConfigError
 from evolm.loop import TrainClock
 from evolm.task.countdown import Countdown
 from evolm.task.countdown.reward import countdown_reward
-from tests.helpers import REPO, read_results
+from tests.helpers import COUNTDOWN_MODEL, REPO, read_results
 
 SHARED = [  # evolm overrides both runs get: two updates, an eval after each
     "task=countdown",
+    *COUNTDOWN_MODEL,
     "task.max_new_tokens=48",
     "task.eval_samples=12",
     "task.samples_per_generation=2",

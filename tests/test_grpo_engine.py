@@ -31,12 +31,13 @@ from evolm.engine.local import LocalEngine
 from evolm.errors import ConfigError
 from evolm.lora import LoraPopulation
 from evolm.sampling import cut_at_stop
-from tests.helpers import read_results
+from tests.helpers import COUNTDOWN_MODEL, read_results
 
 STOP = "</answer>"
 SEED = 1  # seed 0's first 8 rollouts all score the same on session 32's tiny build: no update
 EVOLM = [  # evolm overrides: two updates of 2 prompts x 4 completions, an eval after each
     "task=countdown",
+    *COUNTDOWN_MODEL,
     f"seed={SEED}",
     "task.max_new_tokens=48",
     f"task.stop=['{STOP}']",

@@ -101,6 +101,8 @@ def test_clean_cache_removes_the_models_evolm_built(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     (cache / "models" / "tiny-0123").mkdir(parents=True)
     (cache / "models" / "tiny-0123" / "model.safetensors").write_bytes(b"x")
+    (cache / "locks").mkdir()  # a build's lock file (evolm.model.cache.build_lock)
+    (cache / "locks" / "tiny-0123.lock").write_bytes(b"")
     (cache / "mine").mkdir()
     assert "clean-cache" in make(tmp_path, "help")
     make(tmp_path, "clean-cache", EVOLM_CACHE_DIR=str(cache))

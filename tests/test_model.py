@@ -31,8 +31,7 @@ from evolm.model.tiny.pinned import build_pinned
 from evolm.task.countdown import warmup as countdown_warmup
 from evolm.task.countdown.reward import paper_prompt
 from evolm.task.countdown.warmup import CountdownWarmup
-from tests.conftest import COUNTDOWN_TINY
-from tests.helpers import REPO, compose_config
+from tests.helpers import COUNTDOWN_DEMO, COUNTDOWN_TINY, REPO, compose_config
 
 CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -341,7 +340,7 @@ def test_warmed_up_model_answers_verbosely_then_stops(tiny_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_countdown_warm_up_answers_in_format_then_stops(countdown_model_dir: str) -> None:
+def test_countdown_warm_up_answers_in_format_then_stops(countdown_demo_dir: str) -> None:
     """With ``countdown_share`` the warm-up trains on evolm's generated puzzles (never the
     task's default test split): on held-out puzzles the model writes ``… </think>`` and then
     either ``<answer> … </answer>`` or nothing (``countdown_untagged``: half the worked answers
@@ -350,7 +349,7 @@ def test_countdown_warm_up_answers_in_format_then_stops(countdown_model_dir: str
     from evolm.task.countdown import Countdown
     from evolm.task.countdown.reward import countdown_reward
 
-    model, tok = load_causal_lm(countdown_model_dir, device="cpu", dtype=torch.float32)
+    model, tok = load_causal_lm(countdown_demo_dir, device="cpu", dtype=torch.float32)
     task = Countdown(eval_samples=100)
     examples = task.eval_examples()
     enc = tok([str(e.prompt) for e in examples], return_tensors="pt", padding=True)
@@ -425,11 +424,12 @@ def test_the_composition_root_passes_the_countdown_warm_up_data(tmp_path: Path) 
     ("overrides", "expected"),
     [
         ([], {"warmup_steps": 200, "countdown_share": 0.0, "countdown_untagged": 0.0}),
-        (["task=countdown"], COUNTDOWN_TINY),
+        (["task=countdown"], COUNTDOWN_DEMO),
         (
             ["task=countdown", "model.countdown_untagged=0"],
-            {**COUNTDOWN_TINY, "countdown_untagged": 0},
+            {**COUNTDOWN_DEMO, "countdown_untagged": 0},
         ),
+        (["task=countdown", "model.warmup_steps=200"], COUNTDOWN_TINY),  # the tests' model
     ],
 )
 def test_tiny_model_warm_up_follows_the_task(overrides: list[str], expected: dict) -> None:
@@ -644,9 +644,10 @@ def test_a_cpu_without_avx2_builds_with_default_kernels_and_says_so(
 # torch 2.11, and the AMD EPYC Zen 3 below, torch 2.13). Other versions may round differently
 # (their own bytes, their own demo numbers), so there the check is skipped.
 REFERENCE_VERSIONS = {"torch": "2.13.0+cpu", "transformers": "5.25.0", "tokenizers": "0.23.3"}
-REFERENCE_BUILDS = {  # the fixture that builds the model: its sha256 (a 2-core AMD EPYC, Zen 3)
+REFERENCE_BUILDS = {  # each model's fixture: its sha256 (a 2-core AMD EPYC, Zen 3)
     "tiny_model_dir": "5d08b532b73289ef059d38cc59edcb15422a0dcbc611aec0bf9bf6404a4f9aac",
-    "countdown_model_dir": "d82e3c3a5c30a46b283e523566e65fa9b8574813f618c8e110f59669a69add69",
+    "countdown_model_dir": "0f43243ba7c822a4b8c5fcc524c935ad74c9e2e95b2538aea74d21c9a7491d57",
+    "countdown_demo_dir": "d82e3c3a5c30a46b283e523566e65fa9b8574813f618c8e110f59669a69add69",
 }
 
 
@@ -661,27 +662,40 @@ def installed_versions() -> dict[str, str]:
     }
 
 
-@pytest.mark.skipif(
-    installed_versions() != REFERENCE_VERSIONS,
-    reason=f"the reference builds were made with {REFERENCE_VERSIONS}",
+needs_reference = pytest.mark.skipif(
+    installed_versions() != REFERENCE_VERSIONS or not pinned.has_avx2(),
+    reason=f"the reference builds were made with {REFERENCE_VERSIONS} and AVX2 kernels",
 )
-@pytest.mark.skipif(
-    not pinned.has_avx2(), reason="without AVX2 the build runs ATen's default kernels"
-)
-def test_tiny_models_bytes_equal_the_reference_builds(
-    tiny_model_dir: str, countdown_model_dir: str
-) -> None:
-    """The default and the countdown tiny models (the README demos') have the reference bytes:
-    this machine runs the same demos as every other. Both fixtures are named, not fetched by
-    name, so conftest runs this module after the countdown model's background build instead of
-    waiting for it mid-suite."""
-    built = {"tiny_model_dir": tiny_model_dir, "countdown_model_dir": countdown_model_dir}
-    digests = {name: sha256(Path(path) / "model.safetensors") for name, path in built.items()}
-    assert digests == REFERENCE_BUILDS, (
-        f"this machine ({torch.backends.cpu.get_cpu_capability()}) built other models than the "
-        "reference with the same versions: the pinned build (evolm.model.tiny.pinned) is not "
+
+
+def assert_reference_bytes(fixture: str, model_dir: str) -> None:
+    digest = sha256(Path(model_dir) / "model.safetensors")
+    assert digest == REFERENCE_BUILDS[fixture], (
+        f"this machine ({torch.backends.cpu.get_cpu_capability()}) built another {fixture} than "
+        "the reference with the same versions: the pinned build (evolm.model.tiny.pinned) is not "
         "portable to it"
     )
+
+
+# Each names its fixture (not fetched by name), so that conftest runs this module after the
+# background builds of the models instead of waiting for them mid-suite.
+@needs_reference
+def test_the_default_tiny_model_has_the_reference_bytes(tiny_model_dir: str) -> None:
+    """The default demo's model: this machine runs the same demo as every other."""
+    assert_reference_bytes("tiny_model_dir", tiny_model_dir)
+
+
+@needs_reference
+def test_the_tests_countdown_model_has_the_reference_bytes(countdown_model_dir: str) -> None:
+    """The tests' countdown model (a quarter of the demo's warm-up, its code and data)."""
+    assert_reference_bytes("countdown_model_dir", countdown_model_dir)
+
+
+@needs_reference
+@pytest.mark.slow  # make test-all: ~13 minutes of one core (CI: the tests' countdown model)
+def test_the_countdown_demos_model_has_the_reference_bytes(countdown_demo_dir: str) -> None:
+    """The countdown demo's model (``python -m evolm task=countdown``, 800 warm-up steps)."""
+    assert_reference_bytes("countdown_demo_dir", countdown_demo_dir)
 
 
 def test_warm_up_eta_weighs_each_kind_of_step() -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +19,9 @@ import pytest
 import torch
 
 from evolm.errors import ConfigError
+from evolm.files import file_lock
 from evolm.model import TinyModel, load_causal_lm
-from evolm.model.cache import is_built, model_problem
+from evolm.model.cache import build_lock, is_built, model_problem
 
 QUICK = {"warmup_steps": 3}  # builds that test mechanics, not the warmed-up model
 
@@ -68,6 +70,50 @@ def test_a_cached_model_without_its_weights_is_rebuilt(
     spec.resolve()
     assert weights.read_bytes() == good
     assert "(model.safetensors is missing): building it again" in caplog.text
+
+
+RESOLVE = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from evolm.model import TinyModel
+print(TinyModel(cache_dir=sys.argv[1], warmup_steps=3).resolve())
+"""
+
+
+def test_a_second_builder_waits_for_the_first_and_loads_its_model(
+    built: Path, tmp_path: Path
+) -> None:
+    """Two processes that ask for one model on an empty cache build it once: the second waits
+    on the first's build lock, then loads what the first built (before: both built it, and one
+    threw its copy away: the tests' background build and their first user did so)."""
+    cache = tmp_path / "cache"
+    spec = TinyModel(cache_dir=str(cache), **QUICK)
+    target = spec.model_dir()
+    with file_lock(build_lock(target)):  # this process is the first builder
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RESOLVE, str(cache)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        said = []
+        assert proc.stderr is not None
+        for line in proc.stderr:  # until it waits (or, wrongly, ends without waiting)
+            said.append(line)
+            if "is building" in line:
+                break
+        assert proc.poll() is None, "".join(said)
+        shutil.copytree(built / "models" / target.name, target)  # what the first one built
+    out, err = proc.communicate(timeout=120)
+    said.append(err)
+    assert proc.returncode == 0, "".join(said)
+    assert out.strip() == str(target)
+    text = "".join(said)
+    assert f"another process is building {target}: waiting for it" in text
+    assert f"another process built {target}; using it" in text
+    assert "tiny model warm-up:" not in text  # it built nothing
+    assert sorted(p.name for p in cache.iterdir()) == ["locks", "models"]
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
 
 
 def test_sharded_weights_are_checked_through_their_index(built: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartServer
-from tests.helpers import read_results, run_cli
+from tests.helpers import COUNTDOWN_MODEL, read_results, run_cli
 from tests.test_task_countdown import overlapping_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,9 @@ def test_countdown_run(tmp_path: Path, countdown_model_dir: str) -> None:
         "extra_evals.free.eval_samples=3",
         "extra_evals.free.max_new_tokens=16",
     ]
-    records = run(tmp_path, "task=countdown", *SMALL_RUN, "task.eval_samples=4", *free)
+    records = run(
+        tmp_path, "task=countdown", *COUNTDOWN_MODEL, *SMALL_RUN, "task.eval_samples=4", *free
+    )
     assert [r["generation"] for r in records] == [0, 1, 2]
     for key in ("reward", "format_reward", "answer_reward", "accuracy"):
         assert f"eval/{key}_mean" in records[0]
@@ -93,7 +95,8 @@ def test_countdown_run_records_the_train_test_overlap(
     data = overlapping_data(tmp_path / "cd.jsonl")
     overrides = [f"task.data_file={data}", "task.train_size=6", "callbacks.plot.min_interval_s=60"]
     out = tmp_path / "run"
-    proc = run_cli(["task=countdown", *SMALL_RUN, *overrides, f"hydra.run.dir={out}"])
+    args = ["task=countdown", *COUNTDOWN_MODEL, *SMALL_RUN, *overrides, f"hydra.run.dir={out}"]
+    proc = run_cli(args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "3 of the 4 eval puzzles are also training puzzles" in proc.stdout + proc.stderr
     records = read_results(out)
@@ -102,7 +105,7 @@ def test_countdown_run_records_the_train_test_overlap(
 
 
 @pytest.mark.slow
-def test_headline_countdown_command_learns(tmp_path: Path, countdown_model_dir: str) -> None:
+def test_headline_countdown_command_learns(tmp_path: Path, countdown_demo_dir: str) -> None:
     """README's first countdown command, as typed (default budget: 40 generations of 16
     members on 16 puzzles, held-out reward on 32): the held-out reward and format rise, the
     accuracy does not fall.

@@ -3,7 +3,9 @@
 A model that builds itself (:class:`~evolm.model.tiny.TinyModel`, offline) or is converted once
 (:class:`~evolm.model.gguf.GGUFModel`) lives under ``<cache>/models/<name>-<hash>``: built in a
 folder beside it and renamed into place (:mod:`evolm.files`), safe across processes, and used
-only once it loads (:func:`is_built`).
+only once it loads (:func:`is_built`). One process builds a model at a time: another that asks for
+it meanwhile waits for that build and loads its result (``<cache>/locks/<name>.lock``), instead
+of building it a second time beside it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from filelock import Timeout
+
 from evolm.errors import ConfigError
-from evolm.files import publish_dir, temp_dir_beside
+from evolm.files import file_lock, publish_dir, temp_dir_beside
 
 logger = logging.getLogger(__name__)
 
@@ -60,25 +64,34 @@ def is_built(model_dir: Path) -> bool:
     return model_dir.is_dir() and model_problem(model_dir) is None
 
 
+def build_lock(target: Path) -> Path:
+    """The lock file a build of ``target`` (``<cache>/models/<name>``) holds:
+    ``<cache>/locks/<name>.lock``, outside the models folder, which holds only models."""
+    return target.parent.parent / "locks" / f"{target.name}.lock"
+
+
 def build_atomically(target: Path, build: Callable[[Path], object]) -> None:
     """Build into a temp dir beside ``target`` with ``build(tmp)``, then rename, its files
-    readable as the umask says (:mod:`evolm.files`); if another process won, keep theirs. An
-    unusable ``target`` (:func:`model_problem`: a truncated copy, weights missing) is replaced,
-    with a warning. A cache folder that cannot be written is a ConfigError naming ``cache_dir``
-    and ``$EVOLM_CACHE_DIR``."""
-    problem = model_problem(target) if target.exists() else None
-    if problem is not None:
-        logger.warning("the cached model %s is unusable (%s): building it again", target, problem)
+    readable as the umask says (:mod:`evolm.files`). Under :func:`build_lock`: a process that
+    finds another building ``target`` waits for it (a log line says so), then uses its model
+    instead of building one more; where two built anyway (a lock the filesystem does not
+    share), the first rename wins. An unusable ``target`` (:func:`model_problem`: a truncated
+    copy, weights missing) is replaced, with a warning. A cache folder that cannot be written
+    is a ConfigError naming ``cache_dir`` and ``$EVOLM_CACHE_DIR``."""
     try:
-        with temp_dir_beside(target) as tmp:
-            build(tmp)
-            if publish_dir(tmp, target, replace=False):
-                logger.info("built %s", target)
-            elif (problem := model_problem(target)) is None:
-                logger.info("another process built %s first; keeping theirs", target)
-            else:
-                publish_dir(tmp, target, replace=True)
-                logger.info("built %s (replacing the unusable one: %s)", target, problem)
+        lock = file_lock(build_lock(target))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            logger.info("another process is building %s: waiting for it", target)
+            lock.acquire()
+        try:
+            if is_built(target):  # built by the process this one waited for
+                logger.info("another process built %s; using it", target)
+                return
+            _build_unlocked(target, build)
+        finally:
+            lock.release()
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC):
             raise
@@ -88,3 +101,18 @@ def build_atomically(target: Path, build: Callable[[Path], object]) -> None:
             f"point model.cache_dir (or ${CACHE_ENV}) at a folder you can write, or build the "
             "model there once as a user who can",
         ) from None
+
+
+def _build_unlocked(target: Path, build: Callable[[Path], object]) -> None:
+    problem = model_problem(target) if target.exists() else None
+    if problem is not None:
+        logger.warning("the cached model %s is unusable (%s): building it again", target, problem)
+    with temp_dir_beside(target) as tmp:
+        build(tmp)
+        if publish_dir(tmp, target, replace=False):
+            logger.info("built %s", target)
+        elif (problem := model_problem(target)) is None:
+            logger.info("another process built %s first; keeping theirs", target)
+        else:
+            publish_dir(tmp, target, replace=True)
+            logger.info("built %s (replacing the unusable one: %s)", target, problem)
