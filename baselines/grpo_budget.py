@@ -6,6 +6,11 @@ evaluations nor the start-up. The adapter is evaluated at the start, at the firs
 at or after each ``eval_every_s`` mark, and at the end; training stops after the first step that
 brings the training time to ``time_budget_s`` (or at the step cap). One record per step, in
 evolm's names, plus TRL's own logs under ``grpo/``.
+
+A step in which every group's completions scored alike (TRL's ``frac_reward_zero_std`` 1) has
+all its advantages 0 and moves nothing: the run says so at each such step, and at its end,
+``THIS GRPO RUN IS NOT LEARNING``, when no step had a group with a reward spread (as evolm's
+health monitor tells an ES run whose members all tie).
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ from evolm.lora import LoraLayout
 
 log = logging.getLogger(__name__)
 RESULTS = "results.jsonl"
+TIED = "grpo/frac_reward_zero_std"  # TRL's share of groups whose rewards all tie
+TIED_ADVICE = (
+    "raise grpo.temperature or grpo.num_generations, or check that the model earns any reward "
+    "on this task (e.g. its answer format; task.max_new_tokens may cut answers off)"
+)
 
 
 def adapter_tensors(model: Any, layout: LoraLayout) -> list[torch.Tensor]:
@@ -59,6 +69,7 @@ class BudgetCallback(TrainerCallback):
         self.run_dir, self.max_steps = run_dir, max_steps
         self.results = run_dir / RESULTS
         self.pending: Record | None = None
+        self.steps = self.tied_steps = 0
         self.peak = 0.0
         self.last = time.perf_counter()
 
@@ -92,6 +103,7 @@ class BudgetCallback(TrainerCallback):
         if self.pending is None:
             return
         trl = {f"grpo/{k}": float(v) for k, v in (logs or {}).items() if _number(v)}
+        self._count_ties(self.pending[M.GENERATION], trl.get(TIED))
         self._write({**self.pending, **trl})
         self.pending = None
 
@@ -99,6 +111,28 @@ class BudgetCallback(TrainerCallback):
         if self.pending is not None:
             self._write(self.pending)
             self.pending = None
+        if self.steps and self.tied_steps == self.steps:
+            log.warning(
+                "THIS GRPO RUN IS NOT LEARNING: in all %d steps every group's completions scored "
+                "alike, so no step had an advantage to follow and the adapter never moved; %s",
+                self.steps,
+                TIED_ADVICE,
+            )
+
+    def _count_ties(self, step: int, tied: float | None) -> None:
+        """Count a step TRL logged, and say so when every group in it tied."""
+        if tied is None:
+            return
+        self.steps += 1
+        if tied < 1.0:
+            return
+        self.tied_steps += 1
+        log.warning(
+            "GRPO step %d learned nothing: every group's completions scored alike (%s 1.0), so "
+            "its advantages are all 0 (%d of %d steps so far)%s",
+            *(step, TIED, self.tied_steps, self.steps),
+            f"; {TIED_ADVICE}" if self.tied_steps == 1 else "",
+        )
 
     def _write(self, record: Record) -> None:
         with open(self.results, "a", encoding="utf-8") as f:

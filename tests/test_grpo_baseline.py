@@ -139,6 +139,37 @@ def test_the_budget_stops_grpo_after_the_step_that_reaches_it(
     assert [r["generation"] for r in read_results(tmp_path)] == [0, 1]
 
 
+@pytest.mark.parametrize("spreads", [(1.0, 1.0), (1.0, 0.5)])
+def test_a_step_whose_groups_all_tie_says_it_learned_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    spreads: tuple[float, float],
+) -> None:
+    """Session 32's GRPO smoke run (seed 0): its first 8 rollouts all scored 0.01, so the step
+    had no gradient and the adapter stayed at 0, and nothing said so. Each step TRL logs with
+    ``frac_reward_zero_std`` 1 is named, with the advice once; a run where every step tied
+    ends with ``THIS GRPO RUN IS NOT LEARNING``."""
+    monkeypatch.setattr(grpo_budget, "adapter_tensors", lambda model, layout: [torch.zeros(1)])
+    callback = grpo_budget.BudgetCallback(
+        TrainClock(budget_s=1e9), lambda t, step: {M.EVAL_REWARD: 0.5}, None,
+        TaskReward(Countdown(generate_count=40, train_size=20), [], [], 8), tmp_path, 100,
+    )  # fmt: skip
+    control = SimpleNamespace(should_training_stop=False)
+    callback.on_train_begin(None, None, control, model=None)
+    for step, tied in enumerate(spreads, start=1):
+        callback.on_step_end(None, SimpleNamespace(global_step=step), control, model=None)
+        callback.on_log(None, None, control, logs={"loss": 0.0, "frac_reward_zero_std": tied})
+    callback.on_train_end(None, None, control)
+    said = caplog.text
+    assert "GRPO step 1 learned nothing: every group's completions scored alike" in said
+    assert said.count("raise grpo.temperature or grpo.num_generations") == 1 + (spreads[1] == 1)
+    assert ("GRPO step 2 learned nothing" in said) == (spreads[1] == 1)
+    headline = "THIS GRPO RUN IS NOT LEARNING: in all 2 steps every group's completions"
+    assert (headline in said) == (spreads[1] == 1)
+    assert [r["grpo/frac_reward_zero_std"] for r in read_results(tmp_path)[1:]] == list(spreads)
+
+
 def test_devices_run_the_methods_side_by_side_one_gpu_each(tmp_path: Path) -> None:
     """``devices=0,1``: both commands start before either ends (the ES stand-in waits for a
     file the GRPO one writes), each with its own ``CUDA_VISIBLE_DEVICES``; a failed method is
