@@ -175,7 +175,7 @@ def countdown_model_dir(evolm_cache: Path) -> str:
 @pytest.fixture(scope="session")
 def countdown_demo_dir(evolm_cache: Path) -> str:
     """The countdown demo's model (:data:`tests.helpers.COUNTDOWN_DEMO`: what ``python -m
-    evolm task=countdown`` loads; ~13 minutes of one core): slow tests only."""
+    evolm task=countdown`` loads; 13-17 minutes of one core): slow tests only."""
     return countdown_model(COUNTDOWN_DEMO)
 
 

@@ -32,10 +32,11 @@ CONF = str(REPO / "conf")
 SESSION_ENV = dict(os.environ)  # as the tests started (conftest's thread settings included)
 
 # The tests' countdown model: conf/model/tiny.yaml's countdown warm-up (what `task=countdown`
-# builds) at a quarter of its steps: the same code path and data, built in ~3 of the demo
-# model's ~13 core-minutes on a 2-core CI machine. Runs of task=countdown in the tests add
-# COUNTDOWN_MODEL to get it (conftest builds it in the background: `countdown_model_dir`); the
-# demo's own model (COUNTDOWN_DEMO, 800 steps) is built by slow tests only (`make test-all`).
+# builds) at a quarter of its steps: the same code path and data, built in about 4 minutes of
+# one core of a 2-core AMD EPYC instead of the demo model's 13-17. Runs of task=countdown in
+# the tests add COUNTDOWN_MODEL to get it (conftest builds it in the background:
+# `countdown_model_dir`); the demo's own model (COUNTDOWN_DEMO, 800 steps) is built by slow
+# tests only (`make test-all`).
 COUNTDOWN_DEMO = {
     "warmup_steps": 800,
     "countdown_share": 0.75,

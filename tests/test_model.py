@@ -692,7 +692,7 @@ def test_the_tests_countdown_model_has_the_reference_bytes(countdown_model_dir: 
 
 
 @needs_reference
-@pytest.mark.slow  # make test-all: ~13 minutes of one core (CI: the tests' countdown model)
+@pytest.mark.slow  # make test-all: 13-17 minutes of one core (CI: the tests' countdown model)
 def test_the_countdown_demos_model_has_the_reference_bytes(countdown_demo_dir: str) -> None:
     """The countdown demo's model (``python -m evolm task=countdown``, 800 warm-up steps)."""
     assert_reference_bytes("countdown_demo_dir", countdown_demo_dir)
