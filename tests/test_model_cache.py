@@ -43,15 +43,25 @@ def damaged_copy(built: Path, tmp_path: Path) -> tuple[TinyModel, Path, bytes]:
 
 
 @pytest.mark.parametrize("cut", [100, 0.5, -1])
-def test_a_truncated_cached_model_is_rebuilt(
-    built: Path, tmp_path: Path, cut: float, caplog: pytest.LogCaptureFixture
+def test_a_truncated_cached_model_is_found_unusable(
+    built: Path, tmp_path: Path, cut: float
 ) -> None:
-    """Cut in the header, in the middle, and by one byte: detected and rebuilt, to the same
-    bytes (the build is deterministic), with a warning naming the folder and the problem."""
+    """Cut in the header, in the middle, and by one byte: each cut copy is found unusable."""
     spec, weights, good = damaged_copy(built, tmp_path)
     size = int(cut) if cut >= 1 else int(len(good) * cut) if cut > 0 else len(good) - 1
     weights.write_bytes(good[:size])
     assert not is_built(spec.model_dir())
+    problem = model_problem(spec.model_dir())
+    assert problem is not None and problem.startswith("model.safetensors is unreadable"), problem
+
+
+def test_a_truncated_cached_model_is_rebuilt(
+    built: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cut copy (here by one byte) is rebuilt, to the same bytes (the build is
+    deterministic), with a warning naming the folder and the problem."""
+    spec, weights, good = damaged_copy(built, tmp_path)
+    weights.write_bytes(good[:-1])
     assert spec.resolve() == str(spec.model_dir())
     assert weights.read_bytes() == good
     assert f"the cached model {spec.model_dir()} is unusable (model.safetensors is unreadable" in (
