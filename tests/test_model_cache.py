@@ -7,7 +7,9 @@ copy) crashed the run with ``SafetensorError``, a cached model folder without it
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -21,7 +23,8 @@ import torch
 from evolm.errors import ConfigError
 from evolm.files import file_lock
 from evolm.model import TinyModel, load_causal_lm
-from evolm.model.cache import build_lock, is_built, model_problem
+from evolm.model import cache as model_cache
+from evolm.model.cache import build_atomically, build_lock, is_built, model_problem
 
 QUICK = {"warmup_steps": 3}  # builds that test mechanics, not the warmed-up model
 
@@ -124,6 +127,31 @@ def test_a_second_builder_waits_for_the_first_and_loads_its_model(
     assert "tiny model warm-up:" not in text  # it built nothing
     assert sorted(p.name for p in cache.iterdir()) == ["locks", "models"]
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
+
+
+def test_a_cache_that_takes_no_locks_builds_without_one(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A filesystem without ``flock`` (some network mounts: ENOLCK) builds as before the lock,
+    and says so, instead of failing the run."""
+
+    class NoLocks:
+        def __init__(self, path: Path) -> None:
+            self.path = path
+
+        def acquire(self, timeout: float | None = None) -> None:
+            raise OSError(errno.ENOLCK, "No locks available")
+
+        def release(self) -> None:
+            raise AssertionError("a lock never taken is released")
+
+    monkeypatch.setattr(model_cache, "file_lock", NoLocks)
+    caplog.set_level(logging.INFO, logger=model_cache.__name__)
+    source = next((built / "models").iterdir())
+    target = tmp_path / "cache" / "models" / source.name
+    build_atomically(target, lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True))
+    assert is_built(target)
+    assert f"the model cache takes no locks (No locks available): building {target}" in caplog.text
 
 
 def test_sharded_weights_are_checked_through_their_index(built: Path, tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import Timeout
@@ -74,24 +75,17 @@ def build_atomically(target: Path, build: Callable[[Path], object]) -> None:
     """Build into a temp dir beside ``target`` with ``build(tmp)``, then rename, its files
     readable as the umask says (:mod:`evolm.files`). Under :func:`build_lock`: a process that
     finds another building ``target`` waits for it (a log line says so), then uses its model
-    instead of building one more; where two built anyway (a lock the filesystem does not
-    share), the first rename wins. An unusable ``target`` (:func:`model_problem`: a truncated
-    copy, weights missing) is replaced, with a warning. A cache folder that cannot be written
-    is a ConfigError naming ``cache_dir`` and ``$EVOLM_CACHE_DIR``."""
+    instead of building one more; on a filesystem that takes no locks (:data:`NO_LOCKS`) it
+    builds unlocked, and where two built so, the first rename wins. An unusable ``target``
+    (:func:`model_problem`: a truncated copy, weights missing) is replaced, with a warning. A
+    cache folder that cannot be written is a ConfigError naming ``cache_dir`` and
+    ``$EVOLM_CACHE_DIR``."""
     try:
-        lock = file_lock(build_lock(target))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            logger.info("another process is building %s: waiting for it", target)
-            lock.acquire()
-        try:
+        with _locked(target):
             if is_built(target):  # built by the process this one waited for
                 logger.info("another process built %s; using it", target)
                 return
             _build_unlocked(target, build)
-        finally:
-            lock.release()
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC):
             raise
@@ -101,6 +95,33 @@ def build_atomically(target: Path, build: Callable[[Path], object]) -> None:
             f"point model.cache_dir (or ${CACHE_ENV}) at a folder you can write, or build the "
             "model there once as a user who can",
         ) from None
+
+
+NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
+"""What ``flock`` fails with on a filesystem that takes no locks (some network mounts)."""
+
+
+@contextmanager
+def _locked(target: Path) -> Iterator[None]:
+    """Hold :func:`build_lock` of ``target``, waiting for a process that holds it; where the
+    filesystem takes no locks, go on without one (a log line says so)."""
+    lock = file_lock(build_lock(target))
+    try:
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            logger.info("another process is building %s: waiting for it", target)
+            lock.acquire()
+    except OSError as e:
+        if e.errno not in NO_LOCKS:
+            raise
+        logger.info("the model cache takes no locks (%s): building %s unlocked", e.strerror, target)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _build_unlocked(target: Path, build: Callable[[Path], object]) -> None:
