@@ -106,6 +106,7 @@ def _locked(target: Path) -> Iterator[None]:
     """Hold :func:`build_lock` of ``target``, waiting for a process that holds it; where the
     filesystem takes no locks, go on without one (a log line says so)."""
     lock = file_lock(build_lock(target))
+    held = True
     try:
         try:
             lock.acquire(timeout=0)
@@ -116,12 +117,12 @@ def _locked(target: Path) -> Iterator[None]:
         if e.errno not in NO_LOCKS:
             raise
         logger.info("the model cache takes no locks (%s): building %s unlocked", e.strerror, target)
-        yield
-        return
+        held = False
     try:
         yield
     finally:
-        lock.release()
+        if held:
+            lock.release()
 
 
 def _build_unlocked(target: Path, build: Callable[[Path], object]) -> None:
