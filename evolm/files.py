@@ -33,7 +33,8 @@ RUN_DIR_LOCK = ".lock"
 
 def file_lock(path: Path) -> FileLock:
     """An exclusive inter-process lock on ``path`` (created with its folder on first use); use it
-    as a context manager. Re-entrant within one process."""
+    as a context manager. Re-entrant through the same lock object (not a second one made by
+    another call: that waits like another process)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(path)
 

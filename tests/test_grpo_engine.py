@@ -34,7 +34,7 @@ from evolm.sampling import cut_at_stop
 from tests.helpers import COUNTDOWN_MODEL, read_results
 
 STOP = "</answer>"
-SEED = 1  # seed 0's first 8 rollouts all score the same on session 32's tiny build: no update
+SEED = 1  # seed 0's first 8 rollouts all scored the same on session 32's 800-step build: no update
 EVOLM = [  # evolm overrides: two updates of 2 prompts x 4 completions, an eval after each
     "task=countdown",
     *COUNTDOWN_MODEL,

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from evolm.app.build import resolve_model
 from evolm.errors import ConfigError
 from evolm.model import HubModel, ModelSpec, TinyModel, load_causal_lm
+from evolm.model import cache as model_cache
 from evolm.model.cache import CACHE_ENV, build_atomically, is_built
 from evolm.model.gguf.weights import MODELS, locate
 from evolm.model.tiny import pinned
@@ -31,7 +33,7 @@ from evolm.model.tiny.pinned import build_pinned
 from evolm.task.countdown import warmup as countdown_warmup
 from evolm.task.countdown.reward import paper_prompt
 from evolm.task.countdown.warmup import CountdownWarmup
-from tests.helpers import COUNTDOWN_DEMO, COUNTDOWN_TINY, REPO, compose_config
+from tests.helpers import COUNTDOWN_DEMO, COUNTDOWN_TINY, REPO, NoLocks, compose_config
 
 CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
 
@@ -281,13 +283,26 @@ def test_resolve_twice_does_not_rebuild(tmp_path: Path) -> None:
     assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp dirs left
 
 
-def test_concurrent_builder_keeps_the_winner(tmp_path: Path) -> None:
-    spec = TinyModel(cache_dir=str(tmp_path), **QUICK)
-    target = Path(spec.resolve())
-    mtime = (target / "model.safetensors").stat().st_mtime_ns
-    build_atomically(target, lambda tmp: build_tiny_model(tmp, spec))  # a second process, later
+def test_concurrent_builder_keeps_the_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two builds at once where the cache takes no locks (elsewhere the second waits: the
+    build lock, test_model_cache.py): the one that renames first wins, the other keeps its."""
+    spec = TinyModel(cache_dir=str(tmp_path / "first"), **QUICK)
+    theirs = Path(spec.resolve())
+    target = tmp_path / "second" / "models" / theirs.name
+
+    def build(tmp: Path) -> None:  # while this one builds, another process publishes first
+        shutil.copytree(theirs, target)  # copy2: their files' times
+        build_tiny_model(tmp, spec)
+
+    monkeypatch.setattr(model_cache, "file_lock", NoLocks)
+    caplog.set_level(logging.INFO, logger=model_cache.__name__)
+    build_atomically(target, build)
+    assert f"another process built {target} first; keeping theirs" in caplog.text
+    mtime = (theirs / "model.safetensors").stat().st_mtime_ns
     assert (target / "model.safetensors").stat().st_mtime_ns == mtime
-    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp dir left
 
 
 def test_cache_dir_and_fingerprint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,6 @@ copy) crashed the run with ``SafetensorError``, a cached model folder without it
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from evolm.files import file_lock
 from evolm.model import TinyModel, load_causal_lm
 from evolm.model import cache as model_cache
 from evolm.model.cache import build_atomically, build_lock, is_built, model_problem
+from tests.helpers import NoLocks
 
 QUICK = {"warmup_steps": 3}  # builds that test mechanics, not the warmed-up model
 
@@ -93,6 +93,7 @@ print(TinyModel(cache_dir=sys.argv[1], warmup_steps=3).resolve())
 """
 
 
+@pytest.mark.timeout(180)  # the loop below reads the child's log until it waits
 def test_a_second_builder_waits_for_the_first_and_loads_its_model(
     built: Path, tmp_path: Path
 ) -> None:
@@ -134,16 +135,6 @@ def test_a_cache_that_takes_no_locks_builds_without_one(
 ) -> None:
     """A filesystem without ``flock`` (some network mounts: ENOLCK) builds as before the lock,
     and says so, instead of failing the run."""
-
-    class NoLocks:
-        def __init__(self, path: Path) -> None:
-            self.path = path
-
-        def acquire(self, timeout: float | None = None) -> None:
-            raise OSError(errno.ENOLCK, "No locks available")
-
-        def release(self) -> None:
-            raise AssertionError("a lock never taken is released")
 
     monkeypatch.setattr(model_cache, "file_lock", NoLocks)
     caplog.set_level(logging.INFO, logger=model_cache.__name__)

@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.helpers import env_without, read_results, run_cli
 
 
-def test_a_run_without_mlflow_and_optuna(tmp_path: Path) -> None:
+def test_a_run_without_mlflow_and_optuna(tmp_path: Path, tiny_model_dir: str) -> None:
     out = tmp_path / "run"
     proc = run_cli(
         ["debug=fast", "logger=none", f"output_dir={out}", f"hydra.run.dir={out}"],

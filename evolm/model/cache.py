@@ -97,8 +97,10 @@ def build_atomically(target: Path, build: Callable[[Path], object]) -> None:
         ) from None
 
 
-NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
-"""What ``flock`` fails with on a filesystem that takes no locks (some network mounts)."""
+NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP}
+"""What ``flock`` fails with on a filesystem that takes no locks (some network mounts). Where
+``flock`` is missing (ENOSYS), filelock 3.25.2+ falls back to a lock file of its own; older
+releases raise NotImplementedError, taken as no lock too."""
 
 
 @contextmanager
@@ -113,10 +115,11 @@ def _locked(target: Path) -> Iterator[None]:
         except Timeout:
             logger.info("another process is building %s: waiting for it", target)
             lock.acquire()
-    except OSError as e:
-        if e.errno not in NO_LOCKS:
+    except (OSError, NotImplementedError) as e:
+        if isinstance(e, OSError) and e.errno not in NO_LOCKS:
             raise
-        logger.info("the model cache takes no locks (%s): building %s unlocked", e.strerror, target)
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        logger.info("the model cache takes no locks (%s): building %s unlocked", why, target)
         held = False
     try:
         yield
