@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,6 +22,10 @@ for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 from evolm.server.connection import free_port  # noqa: E402
 from tests.helpers import COUNTDOWN_DEMO, COUNTDOWN_TINY  # noqa: E402
+
+if TYPE_CHECKING:
+    from evolm.model import TinyModel
+    from evolm.model.tiny.warmup import WarmupData
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -41,7 +45,7 @@ import json, sys
 from evolm.model import TinyModel
 from evolm.task.countdown.warmup import CountdownWarmup
 for spec in json.loads(sys.argv[1]):  # each waits for, or takes, the model's build lock
-    TinyModel(**spec).resolve(warmup=CountdownWarmup() if spec else None)
+    TinyModel(**spec).resolve(warmup=CountdownWarmup() if spec.get("countdown_share") else None)
 """
 MODEL_FIXTURES = {  # in the order they are built and their users run
     "tiny_model_dir": {},
@@ -133,16 +137,13 @@ def model_prebuild(
     thread each) build in one background process from the first test on, beside the tests that
     need neither (they use about one core of two). A user that comes first waits for the build
     under way (the model cache's build lock), or builds the model itself."""
-    from evolm.model import TinyModel
     from evolm.model.cache import is_built
-    from evolm.task.countdown.warmup import CountdownWarmup
 
-    specs = [MODEL_FIXTURES[f] for f in request.config.stash.get(NEEDS_MODELS, [])]
-    specs = [
-        s
-        for s in specs
-        if not is_built(TinyModel(**s).model_dir(warmup=CountdownWarmup() if s else None))
-    ]
+    specs = []  # the models the session needs and the cache lacks
+    for fixture in request.config.stash.get(NEEDS_MODELS, []):
+        model, warmup = tiny_model(MODEL_FIXTURES[fixture])
+        if not is_built(model.model_dir(warmup=warmup)):
+            specs.append(MODEL_FIXTURES[fixture])
     if not specs:
         yield None
         return
@@ -158,32 +159,39 @@ def model_prebuild(
         proc.wait()
 
 
+def tiny_model(spec: dict[str, Any]) -> tuple[TinyModel, WarmupData | None]:
+    """The :class:`evolm.model.TinyModel` of a :data:`MODEL_FIXTURES` spec, and the warm-up
+    data its build reads (the countdown task's where it has a ``countdown_share``)."""
+    from evolm.model import TinyModel
+    from evolm.task.countdown.warmup import CountdownWarmup
+
+    return TinyModel(**spec), CountdownWarmup() if spec.get("countdown_share") else None
+
+
+def resolved(fixture: str) -> str:
+    """The model directory of ``fixture`` (:data:`MODEL_FIXTURES`), built on first use or
+    waited for while :func:`model_prebuild` builds it."""
+    model, warmup = tiny_model(MODEL_FIXTURES[fixture])
+    return model.resolve(warmup=warmup)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(evolm_cache: Path) -> str:
-    from evolm.model import TinyModel
-
-    return TinyModel().resolve()
+    return resolved("tiny_model_dir")
 
 
 @pytest.fixture(scope="session")
 def countdown_model_dir(evolm_cache: Path) -> str:
     """The tests' countdown model (:data:`tests.helpers.COUNTDOWN_TINY`: what a run of
     ``task=countdown`` with :data:`tests.helpers.COUNTDOWN_MODEL` loads)."""
-    return countdown_model(COUNTDOWN_TINY)
+    return resolved("countdown_model_dir")
 
 
 @pytest.fixture(scope="session")
 def countdown_demo_dir(evolm_cache: Path) -> str:
     """The countdown demo's model (:data:`tests.helpers.COUNTDOWN_DEMO`: what ``python -m
     evolm task=countdown`` loads; 13-17 minutes of one core): slow tests only."""
-    return countdown_model(COUNTDOWN_DEMO)
-
-
-def countdown_model(spec: dict[str, Any]) -> str:
-    from evolm.model import TinyModel
-    from evolm.task.countdown.warmup import CountdownWarmup
-
-    return TinyModel(**spec).resolve(warmup=CountdownWarmup())
+    return resolved("countdown_demo_dir")
 
 
 @pytest.fixture(scope="session")

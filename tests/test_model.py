@@ -685,10 +685,11 @@ needs_reference = pytest.mark.skipif(
 
 def assert_reference_bytes(fixture: str, model_dir: str) -> None:
     digest = sha256(Path(model_dir) / "model.safetensors")
-    assert digest == REFERENCE_BUILDS[fixture], (
-        f"this machine ({torch.backends.cpu.get_cpu_capability()}) built another {fixture} than "
-        "the reference with the same versions: the pinned build (evolm.model.tiny.pinned) is not "
-        "portable to it"
+    want = REFERENCE_BUILDS[fixture]
+    assert digest == want, (
+        f"this machine ({torch.backends.cpu.get_cpu_capability()}) built another model "
+        f"({fixture}) than the reference ({digest[:16]} vs {want[:16]}) with the same versions: "
+        "the pinned build (evolm.model.tiny.pinned) is not portable to it"
     )
 
 
