@@ -61,15 +61,15 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def read_samples(run: Path, gen: int) -> dict[str, list[dict[str, Any]]]:
-    """A run's saved eval answers at generation ``gen``: the test set's (``""``) and each
-    extra eval set's by name."""
-    root, name = run / "samples", f"gen-{gen:03d}.jsonl"
-    found = {"": root / name} | {d.name: d / name for d in sorted(root.iterdir()) if d.is_dir()}
-    return {
-        k: [json.loads(line) for line in f.read_text().splitlines()]
-        for k, f in found.items()
-        if f.exists()
-    }
+    """A run's saved eval answers at generation ``gen`` (``gen-<gen>.jsonl``, zero-padded to
+    the run's width): the test set's (``""``) and each extra eval set's by name."""
+    root = run / "samples"
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name, d in [("", root)] + [(d.name, d) for d in sorted(root.iterdir()) if d.is_dir()]:
+        for f in d.glob("gen-*.jsonl"):
+            if int(f.stem.removeprefix("gen-")) == gen:
+                found[name] = [json.loads(line) for line in f.read_text().splitlines()]
+    return found
 
 
 def _ids(tokenizer: Any, text: str) -> list[int] | None:
@@ -137,7 +137,9 @@ def compare(
     :class:`Parting`."""
     sa, sb = read_samples(run_a, gen), read_samples(run_b, gen)
     if set(sa) != set(sb) or not sa:
-        raise ValueError(f"the runs saved other eval sets at generation {gen}: {set(sa)} / {set(sb)}")
+        raise ValueError(
+            f"the runs saved other eval sets at generation {gen}: {sa.keys()} / {sb.keys()}"
+        )
     counts, found = {}, []
     for name, rows in sa.items():
         other = sb[name]
@@ -148,7 +150,8 @@ def compare(
             if x["completion"] == y["completion"]:
                 same += 1
                 continue
-            p, _ = parting(model, tokenizer, x["prompt"], x["completion"], y["completion"], (name, i))
+            prompt, ours, theirs = x["prompt"], x["completion"], y["completion"]
+            p, _ = parting(model, tokenizer, prompt, ours, theirs, (name, i))
             if p is not None:
                 found.append(p)
         counts[name] = (same, len(rows))

@@ -57,7 +57,7 @@ def test_a_changed_token_is_found_at_its_gap(tiny_model_dir: str, tmp_path: Path
             rows_b.append((prompt, text))
             continue
         top2 = logits[CHANGED].topk(2)
-        other = ids[:CHANGED] + [int(top2.indices[1])]
+        other = [*ids[:CHANGED], int(top2.indices[1])]
         changed = tok.decode(other)
         if tok(changed, add_special_tokens=False)["input_ids"] != other:
             pytest.skip("the second choice does not tokenize back")
