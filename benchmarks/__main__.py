@@ -30,7 +30,7 @@ from evolm.engine.options import DTYPES, LocalOptions, Tuning
 
 log = logging.getLogger("benchmarks")
 REAL = "continuous,continuous_fp8,sglang,evolm_sglang"
-REAL_OPT_IN = "continuous_w8,continuous_w8_fp8"  # fp8 GEMMs: named explicitly
+REAL_OPT_IN = "continuous_w8,continuous_w8_fp8,continuous_spec,continuous_spec_r540"  # named
 
 GPU_DEFAULTS = {"members": 30, "prompts": 32, "prompt_len": 64, "new_tokens": 128}
 CPU_DEFAULTS = {"members": 4, "prompts": 4, "prompt_len": 16, "new_tokens": 8}

@@ -17,6 +17,10 @@ Methods (``--methods``):
   half the attention reads; opt-in, lossy);
 - ``continuous_w8``: ``quantization=fp8`` (fp8 GEMMs for the projections, W8A8 with dynamic
   per-token scales; opt-in, lossy); ``continuous_w8_fp8``: both fp8 options;
+- ``continuous_spec``: ``speculate=4`` (exact speculative decoding in the tail, issue 37: the
+  drafts are n-gram lookups in each row's own text, which random weights rarely repeat);
+  ``continuous_spec_r540``: the same with ``speculate_rows=540`` (verify steps once at most 540
+  rows run). Each record's ``tokens_sha256`` says whether the output equals ``continuous``'s;
 - ``waves``: removed with the lock-step path (continuous batching replaced it; refused here:
   the older tree's ``python -m evolm.bench --real --methods waves`` times it);
 - ``sglang``: a real SGLang server (``--sglang-python``, launched here on the same random
@@ -45,6 +49,7 @@ with per-row budgets through :func:`benchmarks.harness.generate_ids`.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import logging
@@ -80,6 +85,8 @@ LOCAL = {  # evolm's local methods: their LocalOptions beyond the defaults
     "continuous_fp8": {"kv_cache_dtype": "fp8"},
     "continuous_w8": {"quantization": "fp8"},
     "continuous_w8_fp8": {"kv_cache_dtype": "fp8", "quantization": "fp8"},
+    "continuous_spec": {"speculate": 4},
+    "continuous_spec_r540": {"speculate": 4, "speculate_rows": 540},
 }
 REMOVED = {"waves": "the lock-step waves path was removed (continuous batching replaced it)"}
 
@@ -170,11 +177,13 @@ def run_local(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
+    digest = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()  # after the clock
     rec: dict[str, Any] = {
         "seconds": seconds,
         "tokens": generated,
         "tokens_per_s": generated / seconds,
         "peak_gib": _peak(device),
+        "tokens_sha256": digest,  # the generated ids: equal across methods that are exact
     }
     plan = None if engine.fast is None else engine.fast.scheduler.plan
     if plan is not None:

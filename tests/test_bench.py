@@ -66,12 +66,13 @@ def test_bench_fp8_methods_time_the_quantized_engine(tmp_path) -> None:
 @pytest.mark.slow  # make test-all
 def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
     """W-real's driver on the tiny shape (``python -m benchmarks.real``, a subprocess): the local
-    methods through the public engine API generate every forced token; ``waves`` (removed) is
-    recorded as an error, not run."""
+    methods through the public engine API generate every forced token, speculation the same
+    tokens as plain decoding; ``waves`` (removed) is recorded as an error, not run."""
     out_json = tmp_path / "real.json"
     args = ["--shape", "tiny", "--members", "2", "--prompts", "3", "--prompt-len", "8"]
-    args += ["--new-tokens", "6", "--device", "cpu", "--regimes", "variable,fixed"]
-    args += ["--methods", "continuous,continuous_fp8,waves", "--json", str(out_json)]
+    args += ["--new-tokens", "40", "--device", "cpu", "--regimes", "variable,fixed"]
+    methods = "continuous,continuous_fp8,continuous_spec_r540,waves"  # spec: rows of 16-40
+    args += ["--methods", methods, "--json", str(out_json)]
     proc = subprocess.run(  # from the checkout's root: benchmarks/ is not installed
         [sys.executable, "-m", "benchmarks.real", *args], capture_output=True, text=True, cwd=REPO
     )
@@ -82,7 +83,11 @@ def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
         assert res["continuous"]["tokens"] == res["tokens"] == res["continuous_fp8"]["tokens"]
         assert res["continuous"]["slots"] == 2 * 3  # every row has a slot (no device budget)
         assert "continuous batching replaced it" in res["waves"]["error"]
-    assert record["results"]["fixed"]["tokens"] == 2 * 3 * 6
+        spec, plain = res["continuous_spec_r540"], res["continuous"]  # exact on the CPU
+        assert spec["tokens_sha256"] == plain["tokens_sha256"], regime
+    assert record["results"]["fixed"]["tokens"] == 2 * 3 * 40
+    spec = record["results"]["variable"]["continuous_spec_r540"]["timings"]
+    assert spec["spec_steps"] > 0, spec  # its tail verified (a row alone fits k + 1 slots)
     assert "| waves | error |" in proc.stdout
 
 
