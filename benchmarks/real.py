@@ -20,7 +20,9 @@ Methods (``--methods``):
 - ``continuous_spec``: ``speculate=4`` (exact speculative decoding in the tail, issue 37: the
   drafts are n-gram lookups in each row's own text, which random weights rarely repeat);
   ``continuous_spec_r540``: the same with ``speculate_rows=540`` (verify steps once at most 540
-  rows run). Each record's ``tokens_sha256`` says whether the output equals ``continuous``'s;
+  rows run). Both opt-in (named in ``--methods``). Each record's ``rows_equal`` counts the rows
+  whose tokens equal the first local method's (``continuous``, when named), and
+  ``tokens_sha256`` digests them all;
 - ``waves``: removed with the lock-step path (continuous batching replaced it; refused here:
   the older tree's ``python -m evolm.bench --real --methods waves`` times it);
 - ``sglang``: a real SGLang server (``--sglang-python``, launched here on the same random
@@ -154,10 +156,12 @@ def run_local(
     pop: LoraPopulation,
     budgets: list[int],
     share: list[int] | None = None,
+    reference: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """One generation of all rows (member-major: row ``i`` is member ``i // P``, prompt
     ``i % P``; or the rows ``share``, in its order) on the local engine; its timing and
-    memory."""
+    memory. ``reference``: the generated ids by regime key (``"ids"``): filled by the first
+    call, and each later call's record counts the rows equal to it (``rows_equal``)."""
     device = engine.device
     members, prompts = len(pop), ids.shape[0]
     share = list(range(members * prompts)) if share is None else share
@@ -177,14 +181,17 @@ def run_local(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    digest = hashlib.sha256(out.cpu().numpy().tobytes()).hexdigest()  # after the clock
+    tokens = out.cpu()  # after the clock
     rec: dict[str, Any] = {
         "seconds": seconds,
         "tokens": generated,
         "tokens_per_s": generated / seconds,
         "peak_gib": _peak(device),
-        "tokens_sha256": digest,  # the generated ids: equal across methods that are exact
+        "tokens_sha256": hashlib.sha256(tokens.numpy().tobytes()).hexdigest(),
     }
+    if reference is not None:  # rows equal to the first method's (exact methods: all)
+        first = reference.setdefault("ids", tokens)
+        rec["rows_equal"] = int((tokens == first).all(dim=1).sum())
     plan = None if engine.fast is None else engine.fast.scheduler.plan
     if plan is not None:
         rec.update(
@@ -434,6 +441,7 @@ def run(
             log.error("%s: %s", method, REMOVED[method])
             for regime in regimes:
                 record["results"][regime][method] = {"error": REMOVED[method]}
+    firsts: dict[str, dict[str, torch.Tensor]] = {r: {} for r in regimes}  # the first method's
     for method, settings in LOCAL.items():
         if method not in methods:
             continue
@@ -445,7 +453,7 @@ def run(
             budgets = lengths(regime, sizes.rows, sizes.max_new)
             log.info("%s %s: %s", shape, regime, method)
             try:
-                rec = run_local(local, ids, pop, budgets)
+                rec = run_local(local, ids, pop, budgets, reference=firsts[regime])
             except Exception as e:  # one method's failure must not lose the others
                 log.exception("%s failed", method)
                 rec = {"error": repr(e)[:2000]}
@@ -512,8 +520,9 @@ def run(
 def markdown(records: list[dict[str, Any]]) -> str:
     """One table row per (shape, regime, method)."""
     lines = [
-        "| shape | regime | method | s / generation | tokens | tokens/s | peak GiB | floor s |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| shape | regime | method | s / generation | tokens | tokens/s | peak GiB | floor s "
+        "| rows as the first method's |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for rec in records:
         for regime, res in rec["results"].items():
@@ -523,12 +532,13 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 if r is None:
                     continue
                 if "error" in r:
-                    lines.append(f"| {rec['shape']} | {regime} | {method} | error | | | | |")
+                    lines.append(f"| {rec['shape']} | {regime} | {method} | error | | | | | |")
                     continue
                 peak = r.get("peak_gib") or r.get("device_used_gib", math.nan)
                 lines.append(
                     f"| {rec['shape']} | {regime} | {method} | {r['seconds']:.1f} | "
-                    f"{r['tokens']:,} | {r['tokens_per_s']:,.0f} | {peak:.1f} | {fl:.1f} |"
+                    f"{r['tokens']:,} | {r['tokens_per_s']:,.0f} | {peak:.1f} | {fl:.1f} | "
+                    f"{r.get('rows_equal', '')} |"
                 )
     sharded = [
         (rec["shape"], regime, method, sh)

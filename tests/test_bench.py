@@ -85,6 +85,7 @@ def test_real_bench_cpu_smoke_and_waves_refused(tmp_path) -> None:
         assert "continuous batching replaced it" in res["waves"]["error"]
         spec, plain = res["continuous_spec_r540"], res["continuous"]  # exact on the CPU
         assert spec["tokens_sha256"] == plain["tokens_sha256"], regime
+        assert spec["rows_equal"] == plain["rows_equal"] == 2 * 3, regime  # every row
     assert record["results"]["fixed"]["tokens"] == 2 * 3 * 40
     spec = record["results"]["variable"]["continuous_spec_r540"]["timings"]
     assert spec["spec_steps"] > 0, spec  # its tail verified (a row alone fits k + 1 slots)

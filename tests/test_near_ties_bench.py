@@ -34,13 +34,13 @@ def greedy(model: torch.nn.Module, tok: object, prompt: str) -> tuple[list[int],
     return out, torch.stack(logits)
 
 
-def save_run(root: Path, rows: list[tuple[str, str]]) -> Path:
+def save_run(root: Path, rows: list[tuple[str, str]], name: str = "gen-000.jsonl") -> Path:
     """A run directory whose test set's and one extra set's answers at generation 0 are
-    ``rows`` (prompt, completion)."""
+    ``rows`` (prompt, completion), in files named ``name``."""
     for d in (root / "samples", root / "samples" / "held"):
         d.mkdir(parents=True)
         lines = [json.dumps({"prompt": p, "completion": c}) for p, c in rows]
-        (d / "gen-000.jsonl").write_text("\n".join(lines) + "\n")
+        (d / name).write_text("\n".join(lines) + "\n")
     return root
 
 
@@ -53,6 +53,9 @@ def test_a_changed_token_is_found_at_its_gap(tiny_model_dir: str, tmp_path: Path
         if tok(text, add_special_tokens=False)["input_ids"] != ids:
             pytest.skip("the tiny tokenizer does not give these ids back")
         rows_a.append((prompt, text))
+        if i == 2:  # run B's answer ends early: the reference's best EOS is scored there
+            rows_b.append((prompt, tok.decode(ids[:CHANGED])))
+            continue
         if i != 1:
             rows_b.append((prompt, text))
             continue
@@ -62,19 +65,32 @@ def test_a_changed_token_is_found_at_its_gap(tiny_model_dir: str, tmp_path: Path
         if tok(changed, add_special_tokens=False)["input_ids"] != other:
             pytest.skip("the second choice does not tokenize back")
         rows_b.append((prompt, changed))
-        expect = float(top2.values[0] - top2.values[1])
-    a, b = save_run(tmp_path / "a", rows_a), save_run(tmp_path / "b", rows_b)
-    counts, found = compare(a, b, model, tok)
-    assert counts == {"": (2, 3), "held": (2, 3)}
-    assert [(f.set, f.row, f.token, f.rank_a, f.rank_b) for f in found] == [
+        pair = float(top2.values[0] - top2.values[1])
+        shared = logits[:CHANGED].topk(2).values
+        expect = (pair, 100.0 * float(((shared[:, 0] - shared[:, 1]) < pair).float().mean()))
+    # the runs' files padded to other widths (gen-000: 100+ generations; gen-0: one)
+    a = save_run(tmp_path / "a", rows_a)
+    b = save_run(tmp_path / "b", rows_b, name="gen-0.jsonl")
+    counts, found, unscored = compare(a, b, model, tok)
+    assert counts == {"": (1, 3), "held": (1, 3)} and unscored == []
+    assert [(f.set, f.row, f.token, f.rank_a, f.rank_b) for f in found[:2]] == [
         ("", 1, CHANGED, 0, 1),
-        ("held", 1, CHANGED, 0, 1),
+        ("", 2, CHANGED, 0, found[1].rank_b),
     ]
-    f = found[0]
-    assert f.gap_a == pytest.approx(0.0, abs=1e-5)
-    assert f.gap_b == pytest.approx(expect, rel=1e-4, abs=1e-5)
-    assert f.prefix_agrees == 1.0  # the shared tokens are the reference's own greedy ones
+    changed_row, ended_row = found[0], found[1]
+    assert changed_row.gap_a == pytest.approx(0.0, abs=1e-5)
+    assert changed_row.gap_b == pytest.approx(expect[0], rel=1e-4, abs=1e-5)
+    assert changed_row.margin_pct == pytest.approx(expect[1])
+    assert changed_row.prefix_agrees == 1.0  # the shared tokens are the reference's own greedy
+    assert not changed_row.ended_b and ended_row.ended_b and ended_row.b == ""
+    assert ended_row.gap_b > 0  # an EOS was not the tiny model's greedy choice there
     out = tmp_path / "ties.json"
     assert main([str(a), str(b), tiny_model_dir, "-", "--json", str(out)]) == 0
     saved = json.loads(out.read_text())
-    assert saved["counts"][""] == [2, 3] and len(saved["partings"]) == 2
+    assert saved["counts"][""] == [1, 3] and len(saved["partings"]) == 4
+    assert saved["gen"] == 0 and saved["adapter"] == "-" and saved["unscored"] == []
+
+
+def test_missing_samples_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="samples"):
+        compare(tmp_path / "a", tmp_path / "b", None, None)
