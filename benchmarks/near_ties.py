@@ -14,9 +14,10 @@ outside reference (transformers + peft, the adapter the runs evaluated at that g
 - ``margin_pct``: the percentage of that row's shared-text positions whose top-two margin is
   smaller than ``|logit_a - logit_b|`` (a near-tie is near 0).
 
-The completions are tokenized again (the samples keep text, not the engine's ids): a row whose
-text does not decode back to itself is listed as ``unscored``; where neither token is the
-reference's top one the re-tokenized ids may differ from the generated ones, and it is logged.
+Where both runs saved their completions' token ids (``callbacks.samples.token_ids=true``, the
+local engine), those are compared; else the completions are tokenized again: a row whose text
+does not decode back to itself is listed as ``unscored``, and where neither token is the
+reference's top one the re-tokenized ids may differ from the generated ones (it is logged).
 
     python -m benchmarks.near_ties RUN_A RUN_B MODEL_DIR ADAPTER_DIR [--gen N] [--dtype D]
         [--json OUT]
@@ -33,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from evolm.engine.texts import Texts
 
 log = logging.getLogger("benchmarks.near_ties")
 
@@ -91,11 +90,18 @@ def _ids(tokenizer: Any, text: str) -> list[int] | None:
 
 @torch.inference_mode()
 def parting(
-    model: Any, tokenizer: Any, prompt: str, a: str, b: str, where: tuple[str, int]
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    a: str,
+    b: str,
+    where: tuple[str, int],
+    ids: tuple[list[int], list[int]] | None = None,
 ) -> Parting | None:
-    """The :class:`Parting` of completions ``a`` and ``b`` of ``prompt`` (equal: None).
-    Raises ValueError where a completion does not tokenize back to its text."""
-    ids_a, ids_b = _ids(tokenizer, a), _ids(tokenizer, b)
+    """The :class:`Parting` of completions ``a`` and ``b`` of ``prompt`` (equal: None), by
+    their generated token ``ids`` where given, else their texts tokenized again (then a
+    ValueError where one does not tokenize back to its text)."""
+    ids_a, ids_b = ids if ids is not None else (_ids(tokenizer, a), _ids(tokenizer, b))
     if ids_a is None or ids_b is None:
         raise ValueError("a completion does not tokenize back to its text")
     t = first_difference(ids_a, ids_b)
@@ -110,7 +116,7 @@ def parting(
     logits = model(input_ids=ids, logits_to_keep=t + 1).logits[0].float()
     last, shared = logits[t], logits[:t]
     order = last.argsort(descending=True)
-    eos = Texts(model, tokenizer).eos_ids
+    eos = _eos_ids(model, tokenizer)
 
     def chosen(toks: list[int]) -> tuple[int, bool]:  # the token there, or the best EOS
         if t < len(toks):
@@ -149,6 +155,16 @@ def parting(
     return found
 
 
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids generation ends on, as evolm's engine takes them: the generation config's and
+    the tokenizer's end-of-sequence ids."""
+    config = model.generation_config.eos_token_id
+    ids = {*([config] if isinstance(config, int) else list(config or []))}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
 def compare(
     run_a: Path, run_b: Path, model: Any, tokenizer: Any, gen: int = 0
 ) -> tuple[dict[str, tuple[int, int]], list[Parting], list[tuple[str, int]]]:
@@ -171,8 +187,10 @@ def compare(
                 same += 1
                 continue
             prompt, ours, theirs = x["prompt"], x["completion"], y["completion"]
+            saved = "token_ids" in x and "token_ids" in y  # the engine's own ids
+            ids = (x["token_ids"], y["token_ids"]) if saved else None
             try:
-                p = parting(model, tokenizer, prompt, ours, theirs, (name, i))
+                p = parting(model, tokenizer, prompt, ours, theirs, (name, i), ids)
             except ValueError as e:
                 log.warning("%s row %d: not scored: %s", name or "test", i, e)
                 unscored.append((name, i))

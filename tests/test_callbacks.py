@@ -205,3 +205,30 @@ def test_keep_best_of_a_metric_the_evals_lack_warns_once_and_keeps_nothing(caplo
     assert [d for d, _, _ in writer.saved] == ["adapter"]
     warnings = [r.getMessage() for r in caplog.records if "keep_best" in r.getMessage()]
     assert len(warnings) == 1 and "eval/reward_mean" in warnings[0]  # it names what there is
+
+
+def test_samples_keep_the_engines_token_ids_when_asked(tmp_path: Path) -> None:
+    """``callbacks.samples.token_ids=true``: each line carries the completion's generated ids
+    (the local engine's :class:`Completion`); off by default, and a plain ``str`` has none."""
+    from evolm.callbacks.base import Sample
+    from evolm.callbacks.samples import SampleWriter
+    from evolm.engine.base import Completion
+
+    rows = [
+        Sample("p0", Completion(" 1 + 2", token_ids=[16, 488, 220]), {"reward": 1.0}),
+        Sample("p1", " 3", {"reward": 0.0}),  # an engine that says no ids
+        Sample("p2", Completion(" 4", token_ids=[19]), {"reward": 0.5}, eval_set="held"),
+    ]
+    for flag in (True, False):
+        SampleWriter(count=4, token_ids=flag).write(tmp_path / str(flag), 7, 100, rows)
+    read = {
+        flag: [
+            json.loads(line)
+            for f in ("samples/gen-007.jsonl", "samples/held/gen-007.jsonl")
+            for line in (tmp_path / str(flag) / f).read_text().splitlines()
+        ]
+        for flag in (True, False)
+    }
+    assert [r.get("token_ids") for r in read[True]] == [[16, 488, 220], None, [19]]
+    assert all("token_ids" not in r for r in read[False])
+    assert [r["completion"] for r in read[True]] == [" 1 + 2", " 3", " 4"]

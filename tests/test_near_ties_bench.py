@@ -91,6 +91,22 @@ def test_a_changed_token_is_found_at_its_gap(tiny_model_dir: str, tmp_path: Path
     assert saved["gen"] == 0 and saved["adapter"] == "-" and saved["unscored"] == []
 
 
+def test_saved_token_ids_are_compared_as_they_are(tiny_model_dir: str, tmp_path: Path) -> None:
+    """Rows that carry the engine's ``token_ids`` are compared by those, not tokenized again:
+    here texts that cannot tokenize back (so would be unscored) part where their ids do."""
+    model, tok = load_reference(tiny_model_dir, None, torch.float32)
+    ids, logits = greedy(model, tok, PROMPTS[0])
+    other = [*ids[:CHANGED], int(logits[CHANGED].topk(2).indices[1])]
+    for name, toks in (("a", ids), ("b", other)):
+        d = tmp_path / name / "samples"
+        d.mkdir(parents=True)
+        line = {"prompt": PROMPTS[0], "completion": f"<{name}: not the ids' text>"}
+        (d / "gen-0.jsonl").write_text(json.dumps(line | {"token_ids": toks}) + "\n")
+    counts, found, unscored = compare(tmp_path / "a", tmp_path / "b", model, tok)
+    assert counts == {"": (0, 1)} and unscored == []
+    assert [(f.token, f.rank_a, f.rank_b, f.ended_b) for f in found] == [(CHANGED, 0, 1, False)]
+
+
 def test_missing_samples_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="samples"):
         compare(tmp_path / "a", tmp_path / "b", None, None)

@@ -27,7 +27,8 @@ for n in "$@"; do
   python3 -m evolm experiment=qwen05_paper_countdown_shots \
     model=qwen2.5-coder-0.5b-instruct model.gguf_file=/root/q05.gguf \
     lora.init_from=/root/z3-adapter logger=none generations=1 task.eval_samples=200 \
-    callbacks.samples.count=200 $server hydra.run.dir=$d > $d.log 2>&1
+    callbacks.samples.count=200 callbacks.samples.token_ids=true $server \
+    hydra.run.dir=$d > $d.log 2>&1
   rc=$?; [ $rc = 0 ] || status=1
   echo "sp$n: exit $rc ($(grep -o 'generation 1/1: .*' $d.log | cut -c1-120))"
 done

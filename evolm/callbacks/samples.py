@@ -23,12 +23,15 @@ class SampleWriter(Callback):
     Args:
         count: prompts per evaluation (0: none).
         dirname: the folder in the run directory.
+        token_ids: also write each completion's generated token ids (``token_ids``, EOS not
+            included), where the engine says them (the local engine): what two runs' answers
+            are compared by (``python -m benchmarks.near_ties``) without tokenizing them again.
     """
 
-    def __init__(self, count: int = 4, dirname: str = "samples") -> None:
+    def __init__(self, count: int = 4, dirname: str = "samples", token_ids: bool = False) -> None:
         if count < 0:
             raise ConfigError("count", f"must be >= 0, got {count}", "e.g. 4 (0: off)")
-        self.count, self.dirname = count, dirname
+        self.count, self.dirname, self.token_ids = count, dirname, token_ids
 
     def on_eval(self, ctx: RunContext, generation: int, samples: Sequence[Sample]) -> None:
         self.write(Path(ctx.output_dir), generation, ctx.generations, samples)
@@ -47,16 +50,19 @@ class SampleWriter(Callback):
         width = len(str(generations))
         for name, rows in by_set.items():
             folder = run_dir / self.dirname / name if name else run_dir / self.dirname
-            lines = [
-                json_line(
-                    {
-                        "generation": generation,
-                        "prompt": s.prompt,
-                        "completion": str(s.completion),
-                        "scores": s.scores,
-                    }
-                )
-                for s in rows[: self.count]
-            ]
+            lines = [json_line(self.line(generation, s)) for s in rows[: self.count]]
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write(folder / f"gen-{generation:0{width}d}.jsonl", "".join(lines).encode())
+
+    def line(self, generation: int, sample: Sample) -> dict[str, object]:
+        """One sample's JSON object (``token_ids`` with the option, where the engine says them)."""
+        out: dict[str, object] = {
+            "generation": generation,
+            "prompt": sample.prompt,
+            "completion": str(sample.completion),
+            "scores": sample.scores,
+        }
+        ids = getattr(sample.completion, "token_ids", None)
+        if self.token_ids and ids is not None:
+            out["token_ids"] = list(ids)
+        return out
