@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_a", type=Path, help="a run directory (with samples/): the reference run")
-    p.add_argument("run_b", type=Path, help="the other run's directory")
+    p.add_argument("run_a", type=Path, help="one run's directory (with samples/): run A")
+    p.add_argument("run_b", type=Path, help="the other run's directory: run B")
     p.add_argument(
         "model_dir", help="the model's transformers directory (evolm's converted one: "
         "$EVOLM_CACHE_DIR/models/<name>-<hash>, as the run's log names it)",
