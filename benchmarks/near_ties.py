@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from evolm.engine.base import eos_ids
+
 log = logging.getLogger("benchmarks.near_ties")
 
 
@@ -116,7 +118,7 @@ def parting(
     logits = model(input_ids=ids, logits_to_keep=t + 1).logits[0].float()
     last, shared = logits[t], logits[:t]
     order = last.argsort(descending=True)
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
 
     def chosen(toks: list[int]) -> tuple[int, bool]:  # the token there, or the best EOS
         if t < len(toks):
@@ -153,16 +155,6 @@ def parting(
             "be the generated ones)", where[0] or "test", where[1],
         )  # fmt: skip
     return found
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The ids generation ends on, as evolm's engine takes them: the generation config's and
-    the tokenizer's end-of-sequence ids."""
-    config = model.generation_config.eos_token_id
-    ids = {*([config] if isinstance(config, int) else list(config or []))}
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
 
 
 def compare(

@@ -76,6 +76,16 @@ class Completion(str):
         return (Completion, args)
 
 
+def eos_ids(model: Any, tokenizer: Any | None) -> list[int]:
+    """The ids generation ends on: a transformers ``model``'s generation config's EOS ids and
+    the ``tokenizer``'s (None: the model's alone), sorted."""
+    config = model.generation_config.eos_token_id
+    ids = {*([config] if isinstance(config, int) else list(config or []))}
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
 def group_rows(rows: Sequence[Row]) -> dict[tuple[int, ...], list[int]]:
     """``(member, prompt)`` rows as {prompts: the members that answer exactly those prompts}:
     one batch per key (a contiguous or strided shard of the rows gives one to three keys)."""

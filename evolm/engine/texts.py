@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from evolm.engine.base import Completion
+from evolm.engine.base import Completion, eos_ids
 from evolm.engine.sampler import prefixes, row_lengths
 from evolm.engine.stops import StopTable, stop_table
 from evolm.sampling import cut_at_stop
@@ -39,11 +39,7 @@ class Texts:
         self.tokenizer = tokenizer
         self.device = model.device
         self.vocab = model.get_output_embeddings().weight.shape[0]
-        eos = model.generation_config.eos_token_id
-        eos_ids = {*([eos] if isinstance(eos, int) else list(eos or []))}
-        if tokenizer is not None and tokenizer.eos_token_id is not None:
-            eos_ids.add(tokenizer.eos_token_id)
-        self.eos_ids = sorted(eos_ids)
+        self.eos_ids = eos_ids(model, tokenizer)
         pad = None if tokenizer is None else tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self._special_ids = set() if tokenizer is None else set(tokenizer.all_special_ids)
