@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import pytest
 
@@ -21,11 +21,7 @@ for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
 
 from evolm.server.connection import free_port  # noqa: E402
-from tests.helpers import COUNTDOWN_DEMO, COUNTDOWN_TINY  # noqa: E402
-
-if TYPE_CHECKING:
-    from evolm.model import TinyModel
-    from evolm.model.tiny.warmup import WarmupData
+from tests.helpers import COUNTDOWN_DEMO, COUNTDOWN_TINY, tiny_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -42,10 +38,10 @@ def evolm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 NEEDS_MODELS = pytest.StashKey[list[str]]()
 PREBUILD = """
 import json, sys
-from evolm.model import TinyModel
-from evolm.task.countdown.warmup import CountdownWarmup
+from tests.helpers import tiny_model
 for spec in json.loads(sys.argv[1]):  # each waits for, or takes, the model's build lock
-    TinyModel(**spec).resolve(warmup=CountdownWarmup() if spec.get("countdown_share") else None)
+    model, warmup = tiny_model(spec)
+    model.resolve(warmup=warmup)
 """
 MODEL_FIXTURES = {  # in the order they are built and their users run
     "tiny_model_dir": {},
@@ -157,15 +153,6 @@ def model_prebuild(
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-
-
-def tiny_model(spec: dict[str, Any]) -> tuple[TinyModel, WarmupData | None]:
-    """The :class:`evolm.model.TinyModel` of a :data:`MODEL_FIXTURES` spec, and the warm-up
-    data its build reads (the countdown task's where it has a ``countdown_share``)."""
-    from evolm.model import TinyModel
-    from evolm.task.countdown.warmup import CountdownWarmup
-
-    return TinyModel(**spec), CountdownWarmup() if spec.get("countdown_share") else None
 
 
 def resolved(fixture: str) -> str:

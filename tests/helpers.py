@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -27,6 +27,10 @@ import evolm.config  # noqa: F401  (registers the schemas)
 from evolm.callbacks import GenerationRecord
 from evolm.es import TellStats
 from tests.zygote import PER_RUN_ENV
+
+if TYPE_CHECKING:
+    from evolm.model import TinyModel
+    from evolm.model.tiny.warmup import WarmupData
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = str(REPO / "conf")
@@ -46,6 +50,16 @@ COUNTDOWN_DEMO = {
 }
 COUNTDOWN_TINY = {**COUNTDOWN_DEMO, "warmup_steps": 200}
 COUNTDOWN_MODEL = [f"model.warmup_steps={COUNTDOWN_TINY['warmup_steps']}"]
+
+
+def tiny_model(spec: dict[str, Any]) -> tuple[TinyModel, WarmupData | None]:
+    """The :class:`evolm.model.TinyModel` of a model spec (conftest's ``MODEL_FIXTURES``), and
+    the warm-up data its build reads (the countdown task's where it has a ``countdown_share``):
+    what the fixtures and the background prebuild both resolve."""
+    from evolm.model import TinyModel
+    from evolm.task.countdown.warmup import CountdownWarmup
+
+    return TinyModel(**spec), CountdownWarmup() if spec.get("countdown_share") else None
 
 
 class NoLocks:
