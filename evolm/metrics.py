@@ -47,10 +47,15 @@ extra eval task. Countdown's (:mod:`evolm.task.countdown.summary`) make shortcut
 - ``answer_form_top_share``: among the answers that parse, the share written in the most common
   form (per puzzle size, weighted): 1.0 is a model that writes one form for everything;
 - ``accuracy/<subset>``: the accuracy per puzzle family (``accuracy/template``,
-  ``accuracy/addsub``, ``accuracy/muldiv``) and per size (``accuracy/n3``, ``accuracy/n4``).
+  ``accuracy/addsub``, ``accuracy/muldiv``) and per size (``accuracy/n3``, ``accuracy/n4``);
+- ``answered_share``: the share of completions that give an answer (an ``<answer>`` tag);
+  ``answer_precision``: of those, the share that are right. A model that commits to wrong
+  answers (a small one calling ``yes`` at a try that misses) has a low precision; one that
+  searches on until the token budget instead, a low answered share.
 
 Score keys that start with ``_`` are per-row data for ``summarize`` alone (countdown's
-``_template_answer``, ``_form``): never logged as ``<key>_mean``, nor written with the samples.
+``_template_answer``, ``_form``, ``_answered``): never logged as ``<key>_mean``, nor written
+with the samples.
 
 How far the mean is from the base model: ``eval/kl_mean`` and ``eval/kl_std``, the mean and
 std over the eval completions' tokens of the per-token KL(mean-adapted || base) along them
@@ -101,6 +106,8 @@ TEMPLATE_SHARE = "template_share"
 ANSWER_FORM_TOP_SHARE = "answer_form_top_share"
 BLIND_ACCURACY = "blind_accuracy"  # what the answers' own forms score without reading the target
 ACCURACY_LIFT = "accuracy_lift"  # accuracy - blind_accuracy: what choosing per puzzle adds
+ANSWERED_SHARE = "answered_share"  # completions with an answer
+ANSWER_PRECISION = "answer_precision"  # of those, the right ones
 PRIVATE_SCORE = "_"  # score keys with this prefix travel to Task.summarize only
 
 

@@ -167,6 +167,8 @@ def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
         # 1/6 three times (the sum; a * (b + c)), 1 (SUM4); member 1's sums 1/6 x 5, 1, none 0
         "blind_accuracy": (15 / 6 + 11 / 6) / 14,
         "accuracy_lift": 8 / 14 - (15 / 6 + 11 / 6) / 14,
+        "answered_share": 13 / 14,  # member 1 gives no answer to the unsolvable puzzle
+        "answer_precision": 8 / 13,  # the 8 right answers of the 13 given
     }
     assert out.keys() == expected.keys()
     assert out == pytest.approx(expected)
@@ -185,9 +187,11 @@ def test_no_rule_accuracy_leaves_out_what_a_size_order_rule_solves(task: Countdo
 def test_empty_subsets_are_left_out_never_nan(task: Countdown) -> None:
     examples = [row(*SUM), row(*MINUS_PLUS)]  # all template-solvable, nothing answered
     out = task.summarize(examples, task.score(examples, [" x", " y"]))
-    assert not {"template_share", "answer_form_top_share", "accuracy_beyond_shortcuts"} & set(out)
+    given = {"template_share", "answer_form_top_share", "accuracy_beyond_shortcuts"}
+    assert not {*given, "answer_precision"} & set(out)
     assert not {"accuracy/addsub", "accuracy/muldiv", "accuracy/n4"} & set(out)
-    assert out["accuracy/n3"] == 0.0 and all(math.isfinite(v) for v in out.values())
+    assert out["accuracy/n3"] == 0.0 and out["answered_share"] == 0.0
+    assert all(math.isfinite(v) for v in out.values())
     assert task.summarize([], {"accuracy": [], "_template_answer": [], "_form": []}) == {}
 
 

@@ -143,9 +143,9 @@ def test_a_run_writes_the_keys_of_trls_own_rollouts(runs: list[Recorded]) -> Non
 
 def keys(record: dict[str, Any]) -> set[str]:
     """A record's keys but those a summary writes only where the answers define them (the
-    share of right answers that are templates: some right answer), which two runs' different
-    adapters need not share."""
-    given = (M.TEMPLATE_SHARE, M.ANSWER_FORM_TOP_SHARE)
+    share of right answers that are templates: some right answer; the answers' precision: some
+    answer), which two runs' different adapters need not share."""
+    given = (M.TEMPLATE_SHARE, M.ANSWER_FORM_TOP_SHARE, M.ANSWER_PRECISION)
     return {k for k in record if k.rsplit("/", 1)[-1] not in given}
 
 

@@ -168,7 +168,9 @@ def test_score_keys_and_values() -> None:
     scores = task.score([ex] * 3, completions)
     public = {k for k in scores if not k.startswith("_")}
     assert public == {"reward", "format_reward", "answer_reward", "accuracy", "closeness"}
-    assert set(scores) - public == {"_template_answer", "_form", "_blind"}  # for summarize alone
+    private = {"_template_answer", "_form", "_blind", "_answered"}  # for summarize alone
+    assert set(scores) - public == private
+    assert scores["_answered"] == [1.0, 0.0, 1.0]  # an answer tag, right or wrong
     assert scores["reward"] == [1.1, 0.0, 0.06]
     assert scores["accuracy"] == [1.0, 0.0, 0.0]
     assert scores["format_reward"] == [1.0, 0.0, 0.6]

@@ -62,12 +62,18 @@ def shortcut_summary(
     template_answer: Sequence[float],
     forms: Sequence[float],
     blind: Sequence[float] = (),
+    answered: Sequence[float] = (),
 ) -> dict[str, float]:
     """The set-level numbers of one evaluation: per row, the puzzle (``infos``), whether the
     answer is correct (1/0), whether it is a template answer (1/0), its form's code
-    (:func:`~evolm.task.countdown.shortcuts.form_code`; NaN: no answer that parses) and its
-    form's blind rate (:mod:`evolm.task.countdown.blind`; none given: left out)."""
+    (:func:`~evolm.task.countdown.shortcuts.form_code`; NaN: no answer that parses), its
+    form's blind rate (:mod:`evolm.task.countdown.blind`) and whether the completion gives an
+    answer (1/0; these last two, none given: their numbers left out)."""
     out = puzzle_rates(infos)
+    if answered:
+        out[M.ANSWERED_SHARE] = sum(a > 0.5 for a in answered) / len(answered)
+        given = [c for a, c in zip(answered, correct, strict=True) if a > 0.5]
+        _accuracy(out, M.ANSWER_PRECISION, given)
     if blind:
         out[M.BLIND_ACCURACY] = sum(blind) / len(blind)
         out[M.ACCURACY_LIFT] = sum(c > 0.5 for c in correct) / len(correct) - out[M.BLIND_ACCURACY]

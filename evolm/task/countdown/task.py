@@ -64,10 +64,11 @@ ASSISTANT_PREFIX = "Let me solve this step by step.\n<think>"
 SCORE_KEYS = ("reward", "format_reward", "answer_reward", "accuracy", "closeness")
 PAPER_WEIGHTS = (0.1, 0.0)
 """``(format_weight, closeness_weight)`` of the paper's reward: ``0.1 * format + answer``."""
-TEMPLATE_ANSWER, FORM, BLIND = "_template_answer", "_form", "_blind"
+TEMPLATE_ANSWER, FORM, BLIND, ANSWERED = "_template_answer", "_form", "_blind", "_answered"
 """Per-row data for :meth:`Countdown.summarize` alone (``_`` keys are never logged): whether the
-answer is a template answer (1/0), its form's code (NaN: no answer that parses), and its form's
-blind rate on the puzzles scored with it (:mod:`evolm.task.countdown.blind`)."""
+answer is a template answer (1/0), its form's code (NaN: no answer that parses), its form's
+blind rate on the puzzles scored with it (:mod:`evolm.task.countdown.blind`), and whether the
+completion gives an answer at all (1/0: an ``<answer>`` tag, parsed or not)."""
 Placed = tuple[int, dict[str, Any]]
 """A record and its place: its position in the data file, or in the generator's stream."""
 _SHAPES_KEPT = 65_536  # answer shapes remembered (members often write the same answer)
@@ -420,7 +421,7 @@ class Countdown(Task):
         return self.eval
 
     def score(self, examples: Sequence[Example], completions: Sequence[str]) -> Scores:
-        scores: Scores = {k: [] for k in (*SCORE_KEYS, TEMPLATE_ANSWER, FORM, BLIND)}
+        scores: Scores = {k: [] for k in (*SCORE_KEYS, TEMPLATE_ANSWER, FORM, BLIND, ANSWERED)}
         refs = [e.reference for e in examples]
         blind = BlindRates(
             [(r["numbers"], parse_target(r["target"])) for r in refs], self.weights[1]
@@ -460,6 +461,7 @@ class Countdown(Task):
         row[TEMPLATE_ANSWER] = float(shape is not None and shape.template)
         row[FORM] = math.nan if shape is None else form_code(shape.form)
         row[BLIND] = blind.of_answer(tokens, ref["numbers"])
+        row[ANSWERED] = float(answer is not None)
         return row
 
     def summarize(self, examples: Sequence[Example], scores: Scores) -> dict[str, float]:
@@ -469,7 +471,12 @@ class Countdown(Task):
         infos = [self.puzzle_info(e) for e in examples]
         correct = scores[M.CORRECT_SCORE]
         return shortcut_summary(
-            infos, correct, scores[TEMPLATE_ANSWER], scores[FORM], scores.get(BLIND, [])
+            infos,
+            correct,
+            scores[TEMPLATE_ANSWER],
+            scores[FORM],
+            scores.get(BLIND, []),
+            scores.get(ANSWERED, []),
         )
 
     def puzzle_info(self, example: Example) -> PuzzleInfo:
