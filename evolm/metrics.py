@@ -48,7 +48,7 @@ extra eval task. Countdown's (:mod:`evolm.task.countdown.summary`) make shortcut
   form (per puzzle size, weighted): 1.0 is a model that writes one form for everything;
 - ``accuracy/<subset>``: the accuracy per puzzle family (``accuracy/template``,
   ``accuracy/addsub``, ``accuracy/muldiv``) and per size (``accuracy/n3``, ``accuracy/n4``);
-- ``answered_share``: the share of completions that give an answer (an ``<answer>`` tag);
+- ``answered_share``: the share of completions that give an answer (a closed ``<answer>`` pair);
   ``answer_precision``: of those, the share that are right. A model that commits to wrong
   answers (a small one calling ``yes`` at a try that misses) has a low precision; one that
   searches on until the token budget instead, a low answered share.

@@ -170,7 +170,7 @@ def test_score_keys_and_values() -> None:
     assert public == {"reward", "format_reward", "answer_reward", "accuracy", "closeness"}
     private = {"_template_answer", "_form", "_blind", "_answered"}  # for summarize alone
     assert set(scores) - public == private
-    assert scores["_answered"] == [1.0, 0.0, 1.0]  # an answer tag, right or wrong
+    assert scores["_answered"] == [1.0, 0.0, 1.0]  # an answer pair, right or wrong
     assert scores["reward"] == [1.1, 0.0, 0.06]
     assert scores["accuracy"] == [1.0, 0.0, 0.0]
     assert scores["format_reward"] == [1.0, 0.0, 0.6]

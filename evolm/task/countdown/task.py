@@ -68,7 +68,7 @@ TEMPLATE_ANSWER, FORM, BLIND, ANSWERED = "_template_answer", "_form", "_blind", 
 """Per-row data for :meth:`Countdown.summarize` alone (``_`` keys are never logged): whether the
 answer is a template answer (1/0), its form's code (NaN: no answer that parses), its form's
 blind rate on the puzzles scored with it (:mod:`evolm.task.countdown.blind`), and whether the
-completion gives an answer at all (1/0: an ``<answer>`` tag, parsed or not)."""
+completion gives an answer at all (1/0: a closed ``<answer>`` pair, parsed or not)."""
 Placed = tuple[int, dict[str, Any]]
 """A record and its place: its position in the data file, or in the generator's stream."""
 _SHAPES_KEPT = 65_536  # answer shapes remembered (members often write the same answer)

@@ -1,16 +1,31 @@
 """Where the uniform template-free set's answers go wrong, by family (session 35, CPU).
 
 Reads the committed outside checks (plain transformers + peft, bf16, one H100) of the 0.5B's
-three z5 draws, its base, and the 1.5B's p1 / p1c / base, and sorts each answer to a `+`/`-`
-(``addsub``) or `*`/`/` (``muldiv``) puzzle into: right; no answer (no ``<answer>`` tag: the
-search ran to the token budget or stopped); or a wrong answer, which for the worked examples'
-``Try a + b = c, then ...: yes`` form is split by the last try called ``yes``:
-  - ``yes, the try misses``: its arithmetic is right and it does not reach the target;
-  - ``yes, arithmetic slip``: a step's result is wrong (``87 - 19 = 64``);
-  - ``yes, other numbers``: right arithmetic, the target reached, not the puzzle's numbers;
-  - ``yes, answer differs``: a valid try (the puzzle's numbers once each, right arithmetic,
-    the target) and an answer that is another expression;
-  - ``wrong, no yes``: an answer with no ``yes`` try before it (the 1.5B's own format).
+three z5 draws, its base, and the 1.5B's p1 / p1c / base, and sorts each completion to a `+`/`-`
+(``addsub``) or `*`/`/` (``muldiv``) puzzle by its answer (the reward's: the last closed
+``<answer>...</answer>`` pair) and, for the worked examples' ``Try a + b = c, then ...: yes``
+form, by the last try called ``yes``:
+  - ``right``: the answer is right; ``right, last yes false``: so is it, though the last try
+    called ``yes`` is not a valid one (below);
+  - ``no answer``: no answer pair (the search ran to the token budget, or stopped);
+  - ``yes at a result not the target``: a wrong answer after a ``yes`` at a try whose own
+    written result is not the target (``87 - 19 = 68: yes`` for 64), its arithmetic right or
+    not;
+  - ``yes at the target by a slip``: the try's written result is the target, a step's
+    arithmetic is wrong;
+  - ``yes at the target, other numbers``: right arithmetic, the target, not the puzzle's
+    numbers once each;
+  - ``valid yes try, another answer``: a valid try (the puzzle's numbers once each, right
+    arithmetic, the target) and a wrong answer (often the puzzle's order);
+  - ``yes, unread``: a ``yes`` try with no step this script reads;
+  - ``wrong, no yes``: a wrong answer with no ``yes`` try before it (the 1.5B's own format).
+The answer written after a ``yes`` is often not that try's expression: these columns say where
+the search stopped, not what was copied.
+
+Known limits (none touches the `+`/`-` rows' counts): a step whose first number is a decimal
+(``12.5 * 4 = 50``) is read from its integer tail; a rounded division (``17 / 3 = 5.67``) counts
+as a slip; a try that combines two separate results (``a + b``, ``c + d``, then both) counts as
+other numbers.
 
 Run from the checkout's root (its output: ``where_wrong.txt``):
 ``PYTHONPATH=. python docs/results/countdown-paper-split/session-35/where_wrong.py``.
@@ -29,7 +44,7 @@ from pathlib import Path
 from evolm.task.countdown.reward import answer_reward, extract_answer
 from evolm.task.countdown.shortcuts import classify
 
-HERE = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent.parent  # countdown-paper-split/
 CHECKS = {  # name: the outside check of the uniform template-free set (200 puzzles)
     "0.5B base": "session-28/base-uniform_free-outside-check-h100.json.xz",
     "z5": "session-27/z5-uniform_free-outside-check-h100.json.xz",
@@ -55,14 +70,16 @@ def last_yes(completion: str) -> str | None:
     return yes[-1].split(":")[0] if yes else None
 
 
-def yes_kind(attempt: str, numbers: Sequence[int], target: str) -> str:
-    """How a ``yes`` try that is not the answer's failure went (see the module doc)."""
+def try_kind(attempt: str, numbers: Sequence[int], target: str) -> str:
+    """What a try called ``yes`` is (the module doc's names): ``valid`` for a valid one."""
     steps = STEP.findall(attempt)
     if not steps:
         return "yes, unread"
+    if Fraction(steps[-1][3]) != Fraction(target):
+        return "yes at a result not the target"
     used: Counter[int] = Counter()
     prev: Fraction | None = None
-    slip = chained = False
+    slip = unchained = False
     for k, (a, op, b, c) in enumerate(steps):
         x, y = Fraction(int(a)), Fraction(int(b))
         slip |= _apply(x, op, y) != Fraction(c)
@@ -73,29 +90,31 @@ def yes_kind(attempt: str, numbers: Sequence[int], target: str) -> str:
         elif y == prev:
             used[int(a)] += 1
         else:
-            chained = True
+            unchained = True
         prev = Fraction(c)
     if slip:
-        return "yes, arithmetic slip"
-    if Fraction(steps[-1][3]) != Fraction(target):
-        return "yes, the try misses"
-    if chained or used != Counter(numbers):
-        return "yes, other numbers"
-    return "yes, answer differs"
+        return "yes at the target by a slip"
+    if unchained or used != Counter(numbers):
+        return "yes at the target, other numbers"
+    return "valid"
 
 
 def kind(numbers: Sequence[int], target: str, completion: str) -> str:
+    """One completion's row of the table (the module doc's names)."""
+    attempt = last_yes(completion)
+    tried = None if attempt is None else try_kind(attempt, numbers, target)
     if answer_reward(completion, numbers, target) > 0:
-        return "right"
+        return "right" if tried in (None, "valid") else "right, last yes false"
     if extract_answer(completion) is None:
         return "no answer"
-    attempt = last_yes(completion)
-    return "wrong, no yes" if attempt is None else yes_kind(attempt, numbers, target)
+    if tried is None:
+        return "wrong, no yes"
+    return "valid yes try, another answer" if tried == "valid" else tried
 
 
 def main() -> None:
     for name, path in CHECKS.items():
-        with lzma.open(HERE / path) as f:
+        with lzma.open(RESULTS / path) as f:
             answers = json.load(f)["answers"]
         by_family: dict[str, Counter[str]] = {"addsub": Counter(), "muldiv": Counter()}
         for r in answers:
