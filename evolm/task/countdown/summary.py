@@ -71,7 +71,7 @@ def shortcut_summary(
     answer (1/0; these last two, none given: their numbers left out)."""
     out = puzzle_rates(infos)
     if answered:
-        out[M.ANSWERED_SHARE] = sum(a > 0.5 for a in answered) / len(answered)
+        _accuracy(out, M.ANSWERED_SHARE, answered)
         given = [c for a, c in zip(answered, correct, strict=True) if a > 0.5]
         _accuracy(out, M.ANSWER_PRECISION, given)
     if blind:

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
-from evolm.task.countdown.reward import answer_reward, extract_answer
+from evolm.task.countdown.reward import answer_reward, evaluate_expression, extract_answer
 from evolm.task.countdown.shortcuts import classify
 
 RESULTS = Path(__file__).resolve().parent.parent  # countdown-paper-split/
@@ -55,12 +55,6 @@ CHECKS = {  # name: the outside check of the uniform template-free set (200 puzz
     "p1c": "session-32/p1c-uniform_free-outside-check-h100.json.xz",
 }
 STEP = re.compile(r"(-?\d+)\s*([-+*/])\s*(-?\d+)\s*=\s*(-?\d+(?:\.\d+)?)")
-
-
-def _apply(a: Fraction, op: str, b: Fraction) -> Fraction | None:
-    if op == "/":
-        return a / b if b else None
-    return {"+": a + b, "-": a - b, "*": a * b}[op]
 
 
 def last_yes(completion: str) -> str | None:
@@ -82,7 +76,7 @@ def try_kind(attempt: str, numbers: Sequence[int], target: str) -> str:
     slip = unchained = False
     for k, (a, op, b, c) in enumerate(steps):
         x, y = Fraction(int(a)), Fraction(int(b))
-        slip |= _apply(x, op, y) != Fraction(c)
+        slip |= evaluate_expression(f"{a} {op} {b}") != Fraction(c)
         if k == 0:
             used.update((int(a), int(b)))
         elif x == prev:
