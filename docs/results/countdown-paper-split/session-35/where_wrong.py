@@ -1,8 +1,8 @@
 """Where the uniform template-free set's answers go wrong, by family (session 35, CPU).
 
 Reads the committed outside checks (plain transformers + peft, bf16, one H100) of the 0.5B's
-three z5 draws, its base, and the 1.5B's p1 / p1c / base, and sorts each completion to a `+`/`-`
-(``addsub``) or `*`/`/` (``muldiv``) puzzle by its answer (the reward's: the last closed
+three z5 draws, za (session 36), its base, and the 1.5B's p1 / p1c / base, and sorts each
+completion to a `+`/`-` (``addsub``) or `*`/`/` (``muldiv``) puzzle by its answer (the reward's: the last closed
 ``<answer>...</answer>`` pair) and, for the worked examples' ``Try a + b = c, then ...: yes``
 form, by the last try called ``yes``:
   - ``right``: the answer is right; ``right, last yes false``: so is it, though the last try
@@ -50,6 +50,7 @@ CHECKS = {  # name: the outside check of the uniform template-free set (200 puzz
     "z5": "session-27/z5-uniform_free-outside-check-h100.json.xz",
     "z5s1": "session-28/z5s1-uniform_free-outside-check-h100.json.xz",
     "z5s2": "session-34/z5s2-uniform_free-outside-check-h100.json.xz",
+    "za": "session-36/za-uniform_free-outside-check-h100.json.xz",
     "1.5B base": "session-31/base15-uniform_free-outside-check-h100.json.xz",
     "p1": "session-31/p1-uniform_free-outside-check-h100.json.xz",
     "p1c": "session-32/p1c-uniform_free-outside-check-h100.json.xz",
