@@ -58,12 +58,14 @@ def check_speculate(engine: LocalEngine, layout: LoraLayout) -> dict[str, float]
     mask = torch.ones_like(ids)
     mask[2, :2] = 0
     rows, masks, pop = ids.repeat(2, 1), mask.repeat(2, 1), population(layout, 2)
-    sampling, budgets = Sampling(max_new_tokens=20), [20, 6, 10] * 2
+    # prompts of 5 + the widest budget 27 = 32 positions, a multiple of the cache's rounding:
+    # the widest rows' last drafts are fed at their slot's last position (none planned past it)
+    sampling, budgets = Sampling(max_new_tokens=27), [27, 6, 10] * 2
     plain = generate_ids(engine, rows, masks, pop, sampling, budgets=budgets, eos_ids=[])
     spec = with_options(engine, speculate=3, speculate_rows=1000)
     # slots for every row's 4 tokens (one generation of 4 x the rows, all but one stopping after
     # their first token; eager ops: only its plan matters), so every step verifies all the rows
-    wide = [20] + [1] * (4 * len(budgets) - 1)
+    wide = [27] + [1] * (4 * len(budgets) - 1)
     assert spec.fast is not None
     spec.fast.scheduler.model.set_ops("eager")
     generate_ids(
@@ -85,18 +87,20 @@ def check_speculate(engine: LocalEngine, layout: LoraLayout) -> dict[str, float]
 def check_span_attention() -> float:
     """The verify rows' slot attention (``span``: runs of one slot's consecutive positions,
     chunks of a run in one program reading the slot's cache once) against the one-row
-    kernel, on random data: three runs of different slots, prompt starts and ends (one run
-    across more than one block of 64 positions), with 3 query heads per KV head (runs of 4
-    rows in one program) and 7 (runs of 5 in programs of 2, 2 and 1; in one, with 64-row
-    tiles). Returns the largest difference."""
+    kernel, on random data: four runs of different slots, prompt starts and ends (one run
+    across more than one block of 64 positions, one whose last rows are capped at the cache's
+    last position, their ends equal), with 3 query heads per KV head (runs of 4 rows in one
+    program) and 7 (runs of 5 in programs of 2, 2 and 1; in one, with 64-row tiles). Returns
+    the largest difference."""
     from evolm.engine.kernels.attention import SLOT_TUNE, slot_attention
 
     gen = torch.Generator().manual_seed(0)
     k, v = torch.randn(2, 5, 2, 150, 16, generator=gen)
-    sel, lo, pos = torch.tensor([3, 1, 4]), torch.tensor([0, 5, 2]), torch.tensor([10, 130, 33])
+    sel, lo = torch.tensor([3, 1, 4, 0]), torch.tensor([0, 5, 2, 100])
+    pos = torch.tensor([10, 130, 33, 147])
     worst = 0.0
     for g, span, tile in ((3, 4, 16), (7, 5, 16), (7, 5, 64)):
-        hi = (pos[:, None] + torch.arange(span) + 1).reshape(-1)
+        hi = (pos[:, None] + torch.arange(span) + 1).clamp(max=k.shape[2]).reshape(-1)
         rows = sel.repeat_interleave(span), lo.repeat_interleave(span)
         q = torch.randn(len(hi), 2, g, 16, generator=gen)
         tune = {**SLOT_TUNE, "tile": tile}  # 64: a run of 5 rows of 7 queries in one program

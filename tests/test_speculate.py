@@ -155,14 +155,15 @@ def test_speculative_tokens_equal_plain_decoding(
 
 
 @pytest.mark.parametrize(("k", "slots"), [(4, None), (6, 3), (4, 1)])
-def test_rows_at_a_full_cache_draft_into_the_planned_spare_positions(
+def test_rows_at_a_full_cache_feed_drafts_past_it_at_its_last_position(
     qwen: torch.nn.Module, k: int, slots: int | None
 ) -> None:
-    """Prompt width + widest budget = 64, a multiple of the cache's 16-position rounding: only
-    the k positions planned past the widest budget hold the drafts of a row at its budget
-    (without them: an index past the cache). The same tokens; one slot never speculates. With
-    3 slots (k = 2: a row's 3 tokens fill a forward of them) the widest row ends alone, in
-    verify steps."""
+    """Prompt width + widest budget = 64, a multiple of the cache's 16-position rounding, and
+    the workspace plans 64 positions, none for drafts (session 36: 4 positions of room, rounded
+    to 16, cost W-real 48 slots): the drafts of a row near its budget that would land past the
+    cache are fed at its last position, and the tokens are the same. One slot never
+    speculates. With 3 slots (k = 2: a row's 3 tokens fill a forward of them) the widest row
+    ends alone, in verify steps."""
     layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
     ids, mask = left_padded(4, 7, qwen.config.vocab_size, seed=4)
     widest = 64 - ids.shape[1]
@@ -178,6 +179,8 @@ def test_rows_at_a_full_cache_draft_into_the_planned_spare_positions(
     want = generate_ids(plain, rows, masks, pop, sampling, budgets=budgets, eos_ids=[])
     got = generate_ids(spec, rows, masks, pop, sampling, budgets=budgets, eos_ids=[])
     assert torch.equal(got, want)
+    assert spec.fast is not None and spec.fast.scheduler.workspace is not None
+    assert spec.fast.scheduler.workspace.positions == rows.shape[1] + widest == 64
     timings = spec.last_timings
     if slots == 1:
         assert "spec_steps" not in timings

@@ -221,7 +221,7 @@ class ModelRunner:
         ws: Workspace,
         tokens: Tensor,
         sel: Tensor,
-        pos: Tensor,
+        at: Tensor,
         lo: Tensor,
         member: Tensor,
         lora: FastLora | None,
@@ -229,7 +229,8 @@ class ModelRunner:
     ) -> None:
         """Speculative decoding's verify forward (:mod:`.speculate`): greedy's choice after each
         of ``tokens [rows, width]`` into ``out [rows, width]``, row ``b``'s token ``j`` fed in
-        cache row ``sel[b]`` at position ``pos[b] + j`` (its prompt from ``lo[b]``, LoRA member
+        cache row ``sel[b]`` at position ``at[b, j]`` (consecutive, but for those capped at the
+        slot's last position: never falling; its prompt from ``lo[b]``, LoRA member
         ``member[b]``). The decode step's own path (fused K/V writes, the slot-attention
         kernel, per-row LoRA members) over ``rows x width`` *verify rows*: each layer writes
         every verify row's K/V before it reads any (one kernel each), so a row's later tokens
@@ -240,9 +241,8 @@ class ModelRunner:
             # kernels index rows contiguously; an expanded view of one row would be stride 0)
             return t.repeat_interleave(width)
 
-        at = (pos[:, None] + torch.arange(width, device=pos.device)).reshape(-1)
         flat = tokens.reshape(-1)
-        x = self._decode(ws, flat, each(sel), at, each(lo), each(member), lora, span=width)
+        x = self._decode(ws, flat, each(sel), at.reshape(-1), each(lo), each(member), lora, width)
         self.model.greedy(x, out.view(-1), ws.scratch)
 
     def _decode(

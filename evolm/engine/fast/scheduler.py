@@ -270,7 +270,7 @@ class Scheduler:
         if self.workspace is not None:
             return
         drafts = self._drafts(greedy, None)
-        self._plan(rows, slot_positions(length + widest + drafts), greedy, None, drafts > 0)
+        self._plan(rows, slot_positions(length + widest), greedy, None, drafts > 0)
 
     def _drafts(self, greedy: bool, forced: Forced | None) -> int:
         """Tokens a row drafts in the tail's verify steps of a call (0: no speculation)."""
@@ -306,9 +306,9 @@ class Scheduler:
         greedy = sampling.temperature == 0
         widest = max(budgets)
         drafts = self._drafts(greedy, forced)
-        # k positions past the widest budget: a verify step's drafts of a row near its budget
-        # land in its own slot (never kept), so the other rows keep drafting k tokens
-        ws = self.prepare(rows, length + widest + drafts, greedy, lora, history=drafts > 0)
+        # no positions for drafts past the widest budget: a verify step feeds those at its
+        # slot's last position (never kept), so speculation costs no slots (:mod:`.speculate`)
+        ws = self.prepare(rows, length + widest, greedy, lora, history=drafts > 0)
         dev, runner = self.device, self.runner
         members = (
             torch.zeros(rows, dtype=torch.long, device=dev) if member is None else member.to(dev)

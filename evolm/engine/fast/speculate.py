@@ -6,8 +6,12 @@ steps a generation where rows average 58 tokens). There, each step instead feeds
 current token plus ``k`` drafted tokens in one forward and keeps the longest prefix of drafts
 that greedy decoding would have chosen, plus the token after it: 1 to ``k + 1`` tokens a step,
 the same tokens as plain greedy decoding (each kept token is the argmax after exactly the tokens
-before it). Every slot has ``k`` cache positions past the widest budget, so every row drafts
-``k`` tokens up to its last one (those past its budget are never kept).
+before it). Every row drafts ``k`` tokens up to its last one; a draft that would be fed past
+its slot's last cache position is fed *at* it. No kept token needs that position (a row's last
+token is never fed), and only queries at it read it, whose choices lie past the budget and are
+never kept; so the cache needs no room past the widest budget, and speculation costs no slots
+(W-real 1.5B fixed, session 36: 4 positions of room, rounded to 16, took 48 of 2,046 slots and
+added a fourth wave).
 
 Drafts come from the row itself (:func:`ngram_drafts`, prompt lookup decoding): what followed
 the latest earlier occurrence of the row's last ``n`` tokens (``n`` = 3, 2, 1, the longest
@@ -99,8 +103,8 @@ class Speculator:
             (:meth:`ModelRunner.verify`).
         ws: the workspace, with a token history (:attr:`Workspace.hist`).
         k: tokens drafted per row and step, at most the workspace's slots - 1 (a row's
-            ``k + 1`` tokens fit one forward; the scheduler plans ``k`` cache positions past
-            the widest budget, and tokens past a row's budget are never kept).
+            ``k + 1`` tokens fit one forward; tokens past a row's budget are never kept, and
+            those past its slot's last position are fed at it).
         rows: the generation's rows (greedy, no forced tokens): the kept tokens go into
             ``rows.out``, and its stop strings end rows.
         eos: the EOS ids (those of ``rows.eos``).
@@ -161,10 +165,12 @@ def verify_step(
         tok, pos, lo, gen = ws.tok[sel], ws.lens[sel], ws.start[sel], ws.gen[sel]
         hist[sel, pos] = tok  # the current token, fed at its position
         column = torch.arange(hist.shape[1], device=dev)
+        # each fed token's position; past the slot's last one, at it (module doc)
+        at = torch.minimum(pos[:, None] + torch.arange(width, device=dev), column[-1])
         valid = (column >= lo[:, None]) & (column <= pos[:, None])
         tokens = torch.cat([tok[:, None], ngram_drafts(hist[sel], valid, pos, k)], 1)
         chosen = buf.chosen[:batch]
-        runner.verify(ws, tokens, sel, pos, lo, ws.member[sel], lora, chosen)
+        runner.verify(ws, tokens, sel, at, lo, ws.member[sel], lora, chosen)
         # drafts kept: the leading ones greedy chose; then the token greedy chose after them
         agree = (tokens[:, 1:] == chosen[:, :-1]).long().cumprod(1).sum(1)
         widest, dump = buf.shape[0], buf.shape[1]
@@ -185,7 +191,7 @@ def verify_step(
             live = live & ~finished
         # the fed tokens by position: the kept ones right (drafts greedy agreed with), those
         # past them at or above the new length (overwritten as they are fed, masked till then)
-        hist[sel[:, None], pos[:, None] + torch.arange(width, device=dev)] = tokens
+        hist[sel[:, None], at] = tokens
         last = chosen.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0]
         ws.tok[sel] = torch.where(kept > 0, last, tok)
         ws.gen[sel], ws.lens[sel], ws.stop[sel], ws.done[sel] = gen + kept, pos + kept, state, done

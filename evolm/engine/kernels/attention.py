@@ -150,10 +150,11 @@ def slot_attention(
     An fp8 cache (``torch.float8_e4m3fn``) is widened to fp16 as it is read.
 
     ``span > 1``: the rows come in runs of ``span`` (``B`` a multiple of it) that share a slot
-    and ``lo`` and whose ``hi`` rise by one (speculative decoding's verify rows: a row's current
-    token and drafts). A program takes as many of a run's rows as fill the query tile that one
-    row's ``g`` queries take (:func:`verify_chunk`: 2 rows at ``g`` = 7), each query masked to
-    its own ``hi``, and reads the slot's cache once for them. The tile's height fixes the
+    and ``lo`` and whose ``hi`` never fall (speculative decoding's verify rows: a row's current
+    token and drafts, one position apart, the last ones equal where capped at the slot's end).
+    A program takes as many of a run's rows as fill the query tile that one row's ``g``
+    queries take (:func:`verify_chunk`: 2 rows at ``g`` = 7), each query masked to its own
+    ``hi``, and reads the slot's cache once for them. The tile's height fixes the
     tensor-core instruction and the order of the softmax's sums, so each row's result is
     bit-equal to its one-row program's (a first version put a whole run's ``span x g``
     queries in one tile: on an H100, 64 rows took ``wgmma`` where 16 take ``mma.sync``, and
