@@ -160,10 +160,10 @@ def test_rows_at_a_full_cache_feed_drafts_past_it_at_its_last_position(
 ) -> None:
     """Prompt width + widest budget = 64, a multiple of the cache's 16-position rounding, and
     the workspace plans 64 positions, none for drafts (session 36: 4 positions of room, rounded
-    to 16, cost W-real 48 slots): the drafts of a row near its budget that would land past the
-    cache are fed at its last position, and the tokens are the same. One slot never
-    speculates. With 3 slots (k = 2: a row's 3 tokens fill a forward of them) the widest row
-    ends alone, in verify steps."""
+    to 16, cost W-real ~25 of its 2,046 slots): the drafts of a row near its budget that would
+    land past the cache are fed at its last position, and the tokens are the same. One slot
+    never speculates. With 3 slots (k = 2: a row's 3 tokens fill a forward of them) the widest
+    row ends alone, in verify steps."""
     layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
     ids, mask = left_padded(4, 7, qwen.config.vocab_size, seed=4)
     widest = 64 - ids.shape[1]

@@ -323,7 +323,8 @@ class FastModel:
         writes its K/V at position ``pos[b]`` and attends over positions ``lo[b]..pos[b]``
         (its own prompt and completion, whatever the other rows' lengths). ``lora``: per-row
         members (:meth:`FastLora.rows`). ``span``: rows come in runs of ``span`` consecutive
-        positions of one slot (verify rows), whose attention reads the slot once for several
+        positions of one slot (verify rows; the last ones may be capped at the slot's last
+        position, equal), whose attention reads the slot once for several
         rows (the slot attention kernel; each row's result bit-equal). Returns the
         final-normed hidden states. No host sync."""
         rows = tokens.shape[0]

@@ -258,7 +258,8 @@ class ModelRunner:
     ) -> Tensor:
         """:meth:`FastModel.decode_slots` of tokens ``tok`` in cache rows ``slot`` at
         positions ``pos`` (prompts from ``lo``), of LoRA ``member`` s: final-normed states
-        (``span``: rows in runs of one slot's consecutive positions, verify rows)."""
+        (``span``: rows in runs of one slot's consecutive positions, verify rows, the last
+        ones possibly capped at its last position)."""
         rope = pos - lo
         view = None if lora is None else lora.rows(member)
         return self.model.decode_slots(

@@ -307,7 +307,8 @@ class Scheduler:
         widest = max(budgets)
         drafts = self._drafts(greedy, forced)
         # no positions for drafts past the widest budget: a verify step feeds those at its
-        # slot's last position (never kept), so speculation costs no slots (:mod:`.speculate`)
+        # slot's last position (never kept), so speculation costs no cache positions
+        # (:mod:`.speculate`)
         ws = self.prepare(rows, length + widest, greedy, lora, history=drafts > 0)
         dev, runner = self.device, self.runner
         members = (

@@ -9,9 +9,9 @@ the same tokens as plain greedy decoding (each kept token is the argmax after ex
 before it). Every row drafts ``k`` tokens up to its last one; a draft that would be fed past
 its slot's last cache position is fed *at* it. No kept token needs that position (a row's last
 token is never fed), and only queries at it read it, whose choices lie past the budget and are
-never kept; so the cache needs no room past the widest budget, and speculation costs no slots
-(W-real 1.5B fixed, session 36: 4 positions of room, rounded to 16, took 48 of 2,046 slots and
-added a fourth wave).
+never kept; so the cache needs no room past the widest budget, and speculation costs no cache
+positions (W-real 1.5B fixed, session 36: 4 positions of room, rounded to 16, made a slot 1.3%
+larger, about half of the 48 slots of 2,046 it had fewer, and a fourth wave).
 
 Drafts come from the row itself (:func:`ngram_drafts`, prompt lookup decoding): what followed
 the latest earlier occurrence of the row's last ``n`` tokens (``n`` = 3, 2, 1, the longest

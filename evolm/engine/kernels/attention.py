@@ -80,7 +80,7 @@ def _slot_attention_kernel(
     HD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):  # fmt: skip
     # one program per (chunk of CHUNK rows of a run of SPAN rows, KV head): the chunk's
-    # CHUNK x G queries, which share a slot and ``lo`` and end one position apart, against the
+    # CHUNK x G queries, which share a slot and ``lo`` and whose ends never fall, against the
     # slot's cache read once (SPAN = CHUNK = 1: a row's G query heads of the KV head)
     pid = tl.program_id(0)
     chunks = (SPAN + CHUNK - 1) // CHUNK
