@@ -2,9 +2,9 @@
 
 Reads the committed outside checks (plain transformers + peft, bf16, one H100) of the 0.5B's
 three z5 draws, za (session 36), its base, and the 1.5B's p1 / p1c / base, and sorts each
-completion to a `+`/`-` (``addsub``) or `*`/`/` (``muldiv``) puzzle by its answer (the reward's: the last closed
-``<answer>...</answer>`` pair) and, for the worked examples' ``Try a + b = c, then ...: yes``
-form, by the last try called ``yes``:
+completion to a `+`/`-` (``addsub``) or `*`/`/` (``muldiv``) puzzle by its answer (the
+reward's: the last closed ``<answer>...</answer>`` pair) and, for the worked examples' ``Try
+a + b = c, then ...: yes`` form, by the last try called ``yes``:
   - ``right``: the answer is right; ``right, last yes false``: so is it, though the last try
     called ``yes`` is not a valid one (below);
   - ``no answer``: no answer pair (the search ran to the token budget, or stopped);
