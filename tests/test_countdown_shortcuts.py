@@ -33,12 +33,13 @@ PAPER_FILE = Path(__file__).resolve().parents[1].parent / "shared/data/countdown
 
 SUM = ([44, 19, 35], "98")  # 44 + 19 + 35
 MINUS_PLUS = ([10, 3, 5], "12")  # 10 - 3 + 5
-ADDSUB = ([3, 10, 5], "12")  # -3 + 10 + 5: no fixed pattern in this order
+ADDSUB = ([3, 10, 5], "12")  # -3 + 10 + 5: no fixed pattern in this order, a first-negated rule
 MULDIV = ([2, 3, 4], "14")  # (3 + 4) * 2
 SUM4 = ([1, 2, 3, 4], "10")  # 1 + 2 + 3 + 4, and 1 * 2 * 3 + 4
 UNSOLVABLE = ([1, 1, 1], "100")
 MINUS_PLUS2 = ([20, 5, 1], "16")  # 20 - 5 + 1
-FREE = ([5, 4, 3], "2")  # -5 + 4 + 3: no fixed pattern in this order or sorted by size
+NEGATED = ([5, 4, 3], "2")  # -5 + 4 + 3: no fixed pattern in this order or sorted by size
+FREE = ([3, 2, 4], "11")  # 3 + 2 * 4: no fixed rule at all (no chain in any of the three)
 
 
 def test_templates_and_families_of_hand_made_puzzles() -> None:
@@ -48,7 +49,13 @@ def test_templates_and_families_of_hand_made_puzzles() -> None:
     assert minus_plus == PuzzleInfo(3, frozenset({"-+"}), "template", frozenset({"r+-"}))
     assert minus_plus.template_solvable and not minus_plus.solved_by("sum")
     # order matters for the family; the size-order rule 10 + 5 - 3 solves it all the same
-    assert classify(*ADDSUB) == PuzzleInfo(3, frozenset(), "addsub", frozenset({"r+-"}))
+    addsub = PuzzleInfo(3, frozenset(), "addsub", frozenset({"r+-"}), frozenset({"n++"}))
+    assert classify(*ADDSUB) == addsub  # and the first-negated rule -3 + 10 + 5
+    negated = classify(*NEGATED)  # -5 + 4 + 3: only the first number's sign
+    assert negated == PuzzleInfo(3, frozenset(), "addsub", frozenset(), frozenset({"n++"}))
+    assert negated.rule_solvable and not negated.template_solvable
+    assert classify(*FREE).family == "muldiv" and not classify(*FREE).rule_solvable
+    assert classify(*SUM4).negated == {"n/+*"}  # (-1 / 2 + 3) * 4
     # (4 + 3) * 2 and 4 * 3 + 2: size-order rules with * (the family is the puzzle order's)
     assert classify(*MULDIV) == PuzzleInfo(3, frozenset(), "muldiv", frozenset({"r+*", "r*+"}))
     assert classify(*UNSOLVABLE) == PuzzleInfo(3, frozenset(), "unsolvable")
@@ -76,7 +83,9 @@ def test_the_solver_uses_every_number_once_and_finds_an_expression() -> None:
         ("35 + 44 + 19", [44, 19, 35], "c + a + b", True),  # a sum in any order
         ("(10 - 3) + 5", [10, 3, 5], "(a - b) + c", True),  # parentheses only left to right
         ("10 - (3 - 5)", [10, 3, 5], "a - (b - c)", False),  # = 12, but not the chain a - b - c
-        ("10 - 3 + 5", [3, 10, 5], "b - a + c", False),  # mixed operators, not the given order
+        ("10 - 3 + 5", [3, 10, 5], "b - a + c", True),  # -a + b + c: a first-negated rule
+        ("10 + 3 - 5", [3, 10, 5], "b + a - c", False),  # mixed operators, not the given order
+        ("(10 - 3) * 5", [3, 10, 5], "(b - a) * c", False),  # -a + b, then not + or -
         ("(10 + 5) - 3", [3, 10, 5], "(b + c) - a", True),  # largest first: a size-order rule
         ("(5 + 10) - 3", [3, 10, 5], "(c + b) - a", False),  # neither order
         ("-3 + 10 + 5", [3, 10, 5], "- a + b + c", False),  # a unary sign
@@ -146,13 +155,16 @@ def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
         "shortcut_accuracy": 6 / 14,
         # largest first: "r+-" solves MINUS_PLUS and ADDSUB (4 rows); SUM4 "r+++" (2 rows)
         "shortcut/by_size": 6 / 14,
+        # the first negated: "n++" solves ADDSUB (2 rows); SUM4 "n/+*" (2 rows)
+        "shortcut/first_negated": 4 / 14,
         "shortcut/sum": 4 / 14,  # SUM and SUM4
         "shortcut/product": 0.0,
         "shortcut/chain_sub": 0.0,
         "shortcut/chain_div": 0.0,
         "template_solvable_share": 8 / 14,
         "accuracy_beyond_shortcuts": 2 / 6,  # ADDSUB, MULDIV by member 0 of 3 puzzles x 2
-        "template_share": 6 / 8,  # of 8 correct answers, member 0's ADDSUB/MULDIV are not
+        "template_share": 7 / 8,  # of 8 correct answers, member 0's MULDIV is not (its
+        # ADDSUB, 10 - 3 + 5, is the first-negated rule -a + b + c)
         # 3 numbers: "a + b + c" 7 of the 11 that parse; 4 numbers: 2 of 2
         "answer_form_top_share": 9 / 13,
         "accuracy/template": 6 / 8,
@@ -174,14 +186,16 @@ def test_summarize_on_a_hand_computed_set(task: Countdown) -> None:
     assert out == pytest.approx(expected)
 
 
-def test_no_rule_accuracy_leaves_out_what_a_size_order_rule_solves(task: Countdown) -> None:
-    """``accuracy/no_rule``: FREE (-5 + 4 + 3) counts; ADDSUB, which no puzzle-order template
-    solves (so it counts beyond shortcuts) but the size-order rule 10 + 5 - 3 does, does not."""
-    examples = [row(*FREE), row(*ADDSUB), row(*FREE)]
-    scores = task.score(examples, answers(["4 - 5 + 3", "10 + 5 - 3", "5 + 4 - 3"]))
-    assert scores["accuracy"] == [1, 1, 0]
+def test_no_rule_accuracy_leaves_out_what_any_fixed_rule_solves(task: Countdown) -> None:
+    """``accuracy/no_rule``: FREE (3 + 2 * 4) counts; ADDSUB and NEGATED, which no puzzle-order
+    template solves (so they count beyond shortcuts) but the size-order rule 10 + 5 - 3 and
+    the first-negated rule -5 + 4 + 3 do, do not."""
+    examples = [row(*FREE), row(*ADDSUB), row(*FREE), row(*NEGATED)]
+    scores = task.score(examples, answers(["3 + 2 * 4", "10 + 5 - 3", "3 * 2 + 4", "4 - 5 + 3"]))
+    assert scores["accuracy"] == [1, 1, 0, 1]
     out = task.summarize(examples, scores)
-    assert out["accuracy_beyond_shortcuts"] == 2 / 3 and out["accuracy/no_rule"] == 1 / 2
+    assert out["accuracy_beyond_shortcuts"] == 3 / 4 and out["accuracy/no_rule"] == 1 / 2
+    assert out["shortcut/first_negated"] == 2 / 4  # "n++": ADDSUB and NEGATED
 
 
 def test_empty_subsets_are_left_out_never_nan(task: Countdown) -> None:
@@ -265,18 +279,22 @@ def test_drop_templates_filters_a_data_file(tmp_path: Path, caplog: pytest.LogCa
     assert e.value.key == "drop_templates"  # SUM4, the only test puzzle, is a template
 
 
-def test_drop_size_rules_also_drops_what_a_size_order_rule_solves(tmp_path: Path) -> None:
+def test_drop_size_rules_also_drops_what_any_fixed_rule_solves(tmp_path: Path) -> None:
     """``drop_size_rules``: ``drop_templates`` also leaves out the puzzles a size-order rule
-    solves (ADDSUB: 10 + 5 - 3, MULDIV: 4 * 3 + 2), in a data file and in generated splits
-    (which keep their sizes); without ``drop_templates`` it is a ConfigError naming it."""
-    data = write_file(tmp_path / "cd.jsonl", [SUM, ADDSUB, FREE, MULDIV, SUM, ADDSUB, FREE])
+    (ADDSUB: 10 + 5 - 3, MULDIV: 4 * 3 + 2) or a first-negated one (NEGATED: -5 + 4 + 3)
+    solves, in a data file and in generated splits (which keep their sizes); without
+    ``drop_templates`` it is a ConfigError naming it."""
+    data = write_file(
+        tmp_path / "cd.jsonl", [SUM, ADDSUB, FREE, NEGATED, MULDIV, SUM, NEGATED, FREE]
+    )
 
     def task(**kw: object) -> Countdown:
-        return Countdown(data_file=str(data), train_size=4, samples_per_generation=None,
+        return Countdown(data_file=str(data), train_size=5, samples_per_generation=None,
                          eval_samples=None, drop_templates="both", **kw)  # fmt: skip
 
     order, size = task(), task(drop_size_rules=True)
-    assert (puzzles(order.train), puzzles(order.eval)) == ([ADDSUB, FREE, MULDIV], [ADDSUB, FREE])
+    assert puzzles(order.train) == [ADDSUB, FREE, NEGATED, MULDIV]
+    assert puzzles(order.eval) == [NEGATED, FREE]
     assert (puzzles(size.train), puzzles(size.eval)) == ([FREE], [FREE])
     generated = Countdown(
         train_size=30, generate_count=60, samples_per_generation=2, eval_samples=None,
@@ -380,6 +398,11 @@ def test_the_best_template_on_the_papers_test_split() -> None:
     assert sum("r+--" in i.ranked for i in infos if i.size == 4) == 73
     in_order = [PuzzleInfo(i.size, i.patterns, i.family) for i in infos]
     assert puzzle_rates(in_order)["shortcut_accuracy"] == (196 + 46) / 2000  # 12.1%
+    # the first negated: -a + b + c solves 182 3-number puzzles, 179 of them `+`/`-` ones no
+    # template solves (of 233); -a - b + c + d 38 4-number ones
+    assert sum("n++" in i.negated for i in threes) == 182
+    assert sum("n++" in i.negated for i in threes if i.family == "addsub") == 179
+    assert rates["shortcut/first_negated"] == (182 + 38) / 2000
     assert rates["template_solvable_share"] == pytest.approx(0.3915)
 
 
@@ -491,3 +514,16 @@ def test_a_blind_closeness_reward_pays_a_fixed_rule_nothing_and_the_solver_much(
     )
     solved = shaped.score(examples, answers([solve(r["numbers"], r["target"]) for r in refs]))
     assert sum(solved["reward"]) / 2000 > 0.8
+
+
+def test_the_first_negated_rule_is_the_best_on_the_template_free_tree_split() -> None:
+    """Dropping the templates from the tree generator's test split leaves puzzles that one
+    first-negated rule per size solves 28.5% of (-a + b + c on 3 numbers), where the
+    puzzle-order and size-order rules reach 13.0%: what issue 36's 0.5B learned to write."""
+    task = Countdown(train_size=200, generate_count=400, samples_per_generation=1,
+                     eval_samples=None, drop_templates="test")  # fmt: skip
+    infos = [task.puzzle_info(e) for e in task.eval]
+    rates = puzzle_rates(infos)
+    assert len(infos) == 200 and rates["template_solvable_share"] == 0.0
+    assert rates["shortcut_accuracy"] == rates["shortcut/first_negated"] == 57 / 200
+    assert rates["shortcut/by_size"] == 26 / 200

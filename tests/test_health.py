@@ -314,7 +314,9 @@ SUMS = [
     None,
     "20 + 5 + 1",
 ]
-SOLVED = ["44 + 19 + 35", None, "10 - 3 + 5", "(3 + 4) * 2", None, None, None]
+SOLVED = ["44 + 19 + 35", None, "5 + 10 - 3", "(3 + 4) * 2", None, None, None]
+# "5 + 10 - 3" for [3, 10, 5]: -a + b + c in no rule's order ("10 - 3 + 5" is the first-negated
+# rule's, a template answer)
 
 
 def evals(tmp_path: Path, *answers: Sequence[str | None], **kwargs: Any) -> RunContext:
@@ -357,7 +359,7 @@ def test_a_shortcut_is_told_from_the_lift_where_the_templates_look_fine(tmp_path
     """Sums everywhere but one out-of-order +/- puzzle: beyond shortcuts rose by a third of the
     accuracy and 3 of 7 is as much as the best fixed rule, yet the sums' forms, written blindly,
     score 2 of the 3: the lift (a third of the rise) says shortcut."""
-    mostly_sums = [*SUMS[:2], "10 - 3 + 5", *SUMS[3:]]  # 1 of 3 non-template puzzles solved
+    mostly_sums = [*SUMS[:2], "5 + 10 - 3", *SUMS[3:]]  # 1 of 3 non-template puzzles solved
     ev = countdown_eval(mostly_sums)
     assert ev["eval/accuracy_beyond_shortcuts"] == 1 / 3 and ev["eval/template_share"] == 2 / 3
     assert ev["eval/accuracy_mean"] == ev["eval/shortcut_accuracy"] == 3 / 7

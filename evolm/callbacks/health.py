@@ -34,7 +34,8 @@ proxies decide: the accuracy on the puzzles no answer template solves
 (``eval/accuracy_beyond_shortcuts``) rose by less than a quarter of the rise, or
 :data:`TEMPLATE_SHARE_ALARM` or more of the correct answers are template answers
 (``eval/template_share``), or the accuracy is still below what the best fixed rule alone
-scores (``eval/shortcut_accuracy``, over the puzzle's order and the numbers ranked by size).
+scores (``eval/shortcut_accuracy``, over the puzzle's order, the numbers ranked by size and
+the first number negated).
 The names are generic (:mod:`evolm.metrics`): any task whose ``summarize`` reports them is
 watched. A change of the held-out accuracy counts only beyond its sampling error: it must reach
 :data:`RISE_Z` standard errors of a difference of two binomial proportions, each evaluation a

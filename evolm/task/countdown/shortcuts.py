@@ -13,25 +13,31 @@ puzzles are sums). This module makes such shortcuts visible; exact arithmetic th
   pattern per puzzle size, so the best template's accuracy on a set of puzzles is the best
   pattern per size, weighted by the sizes' counts
   (:func:`~evolm.task.countdown.summary.puzzle_rates`).
-* A **size-order rule** is the same kind of chain over the numbers sorted largest first
-  (``"r-+"``: largest - middle + smallest, which solves 28% of the paper's 3-number test
-  puzzles): also computable from the puzzle alone. Issue 36's 1.5B learned to write
-  ``(x + y) - z - w`` with the numbers ranked by size, and answered about as often right as the
-  rule it wrote scores on every puzzle, so the best fixed rule of either order is what
-  ``shortcut_accuracy`` reports. Puzzle families and ``template_solvable`` stay with the
-  puzzle's order (every ``+``/``-`` puzzle is some size-order chain: choosing the signs per
+* A **size-order rule** is the same kind of chain over the numbers sorted largest first (``"r-+"``:
+  largest - middle + smallest, which solves 28% of the paper's 3-number test puzzles): also
+  computable from the puzzle alone. Issue 36's 1.5B learned to write ``(x + y) - z - w`` with the
+  numbers ranked by size, and answered about as often right as the rule it wrote scores on every
+  puzzle, so the best fixed rule of any kind (this, the puzzle's order, or the first-negated rules
+  below) is what ``shortcut_accuracy`` reports. Puzzle families and ``template_solvable`` stay with
+  the puzzle's order (every ``+``/``-`` puzzle is some size-order chain: choosing the signs per
   puzzle is solving it).
+* A **first-negated rule** is a chain over the numbers in the puzzle's order with the first
+  number negated (``"n++"``: ``-a + b + c``, written ``(b - a) + c``). With the in-order
+  patterns it makes every fixed choice of signs a rule, and it is what issue 36's 0.5B wrote
+  most on the template-free held-out sets (session 37): ``-a + b + c`` alone solves 42 of the
+  112 3-number puzzles of the tree generator's template-free set. It counts in
+  ``shortcut_accuracy`` like a size-order rule, not in the families.
 * Every puzzle is in one **family** (:data:`FAMILIES`): ``template`` (some fixed pattern solves
   it), ``addsub`` (no template does, but ``+``/``-`` alone do, any order), ``muldiv`` (solvable,
   but only with ``*`` or ``/``), ``unsolvable`` (no expression over all its numbers reaches the
   target: :mod:`evolm.task.countdown.solver`); ``None`` for puzzles too large to search.
 * An answer is a **template answer** when it uses the numbers in the puzzle's order, only binary
-  operators, and its value is the left-to-right chain of its operators (parentheses only
-  enforcing left to right: ``(a + b) * c``), or when all its operators are ``+`` (or all ``*``),
-  in any order, or the numbers largest first with their left-to-right chain (a size-order
-  rule). Its **form** is the answer with each number replaced by its place in the puzzle
-  (``"a - b + c"``, ``"(c + a) * b"``): how many answers share one form shows a model that
-  writes one form for everything.
+  operators, and its value is the left-to-right chain of its operators (parentheses only enforcing
+  left to right: ``(a + b) * c``), or when all its operators are ``+`` (or all ``*``), in any order,
+  or the numbers largest first with their left-to-right chain (a size-order rule), or ``(b - a)
+  ...`` with ``+``/``-`` only (a first-negated rule). Its **form** is the answer with each number
+  replaced by its place in the puzzle (``"a - b + c"``, ``"(c + a) * b"``): how many answers share
+  one form shows a model that writes one form for everything.
 
 Set-level numbers: :mod:`evolm.task.countdown.summary`; the rates of a data set:
 ``python -m evolm.task.countdown.stats`` (docs/tasks.md).
@@ -58,6 +64,7 @@ __all__ = [
     "classify",
     "completion_shape",
     "form_code",
+    "negated_patterns",
     "placed",
     "ranked_patterns",
     "solving_patterns",
@@ -106,6 +113,16 @@ def ranked_patterns(numbers: Sequence[int], target: str | float) -> frozenset[st
     return frozenset(RANKED + p for p in solving_patterns(ordered, target))
 
 
+NEGATED = "n"
+"""The prefix of a first-negated rule's pattern (``"n++"``: ``-a + b + c``)."""
+
+
+def negated_patterns(numbers: Sequence[int], target: str | float) -> frozenset[str]:
+    """The first-negated rules that reach ``target``: fixed patterns over ``numbers`` in their
+    order with the first number negated, each prefixed :data:`NEGATED`."""
+    return frozenset(NEGATED + p for p in solving_patterns([-numbers[0], *numbers[1:]], target))
+
+
 @dataclass(frozen=True)
 class PuzzleInfo:
     """What one puzzle is: its size, the fixed patterns that solve it, its family."""
@@ -114,6 +131,7 @@ class PuzzleInfo:
     patterns: frozenset[str]
     family: str | None  # one of FAMILIES; None: not searched (too many numbers)
     ranked: frozenset[str] = frozenset()  # the size-order rules that solve it (``"r-+"``)
+    negated: frozenset[str] = frozenset()  # the first-negated rules that solve it (``"n++"``)
 
     @property
     def template_solvable(self) -> bool:
@@ -122,9 +140,15 @@ class PuzzleInfo:
 
     @property
     def rule_solvable(self) -> bool:
-        """Some fixed rule solves the puzzle: a pattern in its order or a size-order rule
-        (``task.drop_size_rules`` drops such puzzles; ``accuracy/no_rule`` is on the others)."""
-        return bool(self.patterns or self.ranked)
+        """Some fixed rule solves the puzzle: a pattern in its order, a size-order rule or a
+        first-negated rule (``task.drop_size_rules`` drops such puzzles; ``accuracy/no_rule``
+        is on the others)."""
+        return bool(self.patterns or self.ranked or self.negated)
+
+    @property
+    def rules(self) -> frozenset[str]:
+        """Every fixed rule that solves the puzzle: patterns, size-order and first-negated."""
+        return self.patterns | self.ranked | self.negated
 
     def solved_by(self, template: str) -> bool:
         """Whether the named template (:data:`TEMPLATES`) solves the puzzle."""
@@ -144,7 +168,13 @@ def classify(numbers: Sequence[int], target: str | float) -> PuzzleInfo:
     else:
         solvable = reaches(numbers, goal)
         family = None if solvable is None else "muldiv" if solvable else "unsolvable"
-    return PuzzleInfo(len(numbers), patterns, family, ranked_patterns(numbers, target))
+    return PuzzleInfo(
+        len(numbers),
+        patterns,
+        family,
+        ranked_patterns(numbers, target),
+        negated_patterns(numbers, target),
+    )
 
 
 @dataclass(frozen=True)
@@ -220,7 +250,9 @@ def _is_template(tokens: Sequence[str], value: Fraction, numbers: Sequence[int])
         return False
     if len(set(ops)) <= 1 and set(ops) <= {"+", "*"}:
         return True  # a sum or a product, in any order
-    if found not in (list(numbers), sorted(numbers, reverse=True)):
+    swapped = [*numbers[1:2], *numbers[:1], *numbers[2:]]  # (b - a) ...: a first-negated rule
+    first_negated = found == swapped and ops[:1] == ["-"] and set(ops) <= {"+", "-"}
+    if found not in (list(numbers), sorted(numbers, reverse=True)) and not first_negated:
         return False
     chain: Fraction | None = Fraction(found[0])
     for op, x in zip(ops, found[1:], strict=True):

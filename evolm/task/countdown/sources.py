@@ -10,7 +10,8 @@
   template. Generated splits keep their sizes: dropped puzzles are replaced by later draws of
   the same stream, so a split that drops nothing is the one it would be without dropping. A
   data file's split is filtered and shrinks. ``drop_size_rules=true`` also leaves out the
-  puzzles a size-order rule solves (a fixed pattern over the numbers sorted largest first).
+  puzzles any other fixed rule solves (a fixed pattern over the numbers sorted largest first,
+  or over the puzzle's order with the first number negated).
 
 Both streams are deterministic in ``task.seed``.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.task.countdown.data import puzzle_record, tree_records
-from evolm.task.countdown.shortcuts import ranked_patterns, solving_patterns
+from evolm.task.countdown.shortcuts import negated_patterns, ranked_patterns, solving_patterns
 from evolm.task.countdown.solver import solve
 
 log = logging.getLogger(__name__)
@@ -124,11 +125,14 @@ def uniform_records(seed: int, target_min: int, target_max: int) -> Iterator[Rec
 
 
 def template_solvable(record: Record, size_rules: bool = False) -> bool:
-    """Whether some fixed operator pattern solves the record's puzzle (``size_rules``: or a
-    size-order rule, the same patterns over the numbers sorted largest first)."""
+    """Whether some fixed operator pattern solves the record's puzzle (``size_rules``: or any
+    other fixed rule: the same patterns over the numbers sorted largest first, or with the
+    first number negated)."""
     numbers, target = record["numbers"], record["target"]
-    return bool(
-        solving_patterns(numbers, target) or (size_rules and ranked_patterns(numbers, target))
+    if solving_patterns(numbers, target):
+        return True
+    return size_rules and bool(
+        ranked_patterns(numbers, target) or negated_patterns(numbers, target)
     )
 
 

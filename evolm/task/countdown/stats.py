@@ -1,10 +1,11 @@
 """How far templates go on a Countdown data set: the table of docs/tasks.md, recomputable.
 
 ``python -m evolm.task.countdown.stats [--data-file FILE] [--generator tree|uniform] [--seed 0]``
-builds the task as a run would (the same ``task.*`` arguments, the whole test split) and prints
-one Markdown row per split: the share of its puzzles each named template solves, the best
-size-order rule's and the best fixed rule's accuracy (per puzzle size), the template-solvable
-share, and the share of each puzzle family (:mod:`evolm.task.countdown.shortcuts`).
+builds the task as a run would (the same ``task.*`` arguments, the whole test split) and prints one
+Markdown row per split: the share of its puzzles each named template solves, the best size-order
+rule's, the best first-negated rule's and the best fixed rule's accuracy (per puzzle size), the
+template-solvable share, and the share of each puzzle family
+(:mod:`evolm.task.countdown.shortcuts`).
 """
 
 from __future__ import annotations
@@ -19,17 +20,18 @@ from evolm.errors import ConfigError
 from evolm.task.base import Example
 from evolm.task.countdown import Countdown
 from evolm.task.countdown.shortcuts import FAMILIES, TEMPLATES
-from evolm.task.countdown.summary import BY_SIZE, family_shares, puzzle_rates
+from evolm.task.countdown.summary import BY_SIZE, FIRST_NEGATED, family_shares, puzzle_rates
 
 COLUMNS = (
     *(M.shortcut(t) for t in TEMPLATES),
     M.shortcut(BY_SIZE),
+    M.shortcut(FIRST_NEGATED),
     M.SHORTCUT_ACCURACY,
     M.TEMPLATE_SOLVABLE_SHARE,
 )
 HEADER = (
     "| source | split | puzzles | sum | product | chain_sub | chain_div | best by size "
-    f"| best rule | template-solvable | {' | '.join(FAMILIES)} |"
+    f"| best first-negated | best rule | template-solvable | {' | '.join(FAMILIES)} |"
 )
 
 

@@ -14,34 +14,43 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from evolm import metrics as M
-from evolm.task.countdown.shortcuts import FAMILIES, RANKED, TEMPLATES, PuzzleInfo
+from evolm.task.countdown.shortcuts import FAMILIES, NEGATED, RANKED, TEMPLATES, PuzzleInfo
 
 __all__ = ["family_shares", "puzzle_rates", "shortcut_summary"]
 
 BY_SIZE = "by_size"
 """``shortcut/by_size``: the best size-order rule per puzzle size."""
+FIRST_NEGATED = "first_negated"
+"""``shortcut/first_negated``: the best first-negated rule per puzzle size (``-a + b + c``)."""
 
 ACCURACY_FAMILIES = ("template", "addsub", "muldiv")
 """The families whose accuracy is logged (an unsolvable puzzle's is 0 by definition)."""
 NO_RULE = "no_rule"
-"""``accuracy/no_rule``: the puzzles no fixed rule solves, in the puzzle's order or by size."""
+"""``accuracy/no_rule``: the puzzles no fixed rule solves (in the puzzle's order, by size, or
+with the first number negated)."""
 
 
 def puzzle_rates(infos: Sequence[PuzzleInfo]) -> dict[str, float]:
     """What templates score on these puzzles, whatever a model answered: ``shortcut_accuracy``
-    (the best fixed rule per puzzle size, over the puzzle's order or the size order, weighted
-    by the sizes' counts), ``shortcut/by_size`` (the best size-order rule alone),
+    (the best fixed rule per puzzle size, over the puzzle's order, the size order or the
+    first number negated, weighted by the sizes' counts), ``shortcut/by_size`` (the best
+    size-order rule alone), ``shortcut/first_negated`` (the best first-negated rule alone),
     ``shortcut/<name>`` per named template, and ``template_solvable_share``; empty for no
     puzzles."""
     if not infos:
         return {}
-    best = ranked = 0
+    best = ranked = negated = 0
     for rows in _by_size(infos).values():
-        counts = Counter(p for i in rows for p in infos[i].patterns | infos[i].ranked)
+        counts = Counter(p for i in rows for p in infos[i].rules)
         best += max(counts.values(), default=0)
         ranked += max((c for p, c in counts.items() if p.startswith(RANKED)), default=0)
+        negated += max((c for p, c in counts.items() if p.startswith(NEGATED)), default=0)
     n = len(infos)
-    out = {M.SHORTCUT_ACCURACY: best / n, M.shortcut(BY_SIZE): ranked / n}
+    out = {
+        M.SHORTCUT_ACCURACY: best / n,
+        M.shortcut(BY_SIZE): ranked / n,
+        M.shortcut(FIRST_NEGATED): negated / n,
+    }
     for name in TEMPLATES:
         out[M.shortcut(name)] = sum(info.solved_by(name) for info in infos) / n
     out[M.TEMPLATE_SOLVABLE_SHARE] = sum(info.template_solvable for info in infos) / n

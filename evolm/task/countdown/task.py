@@ -224,9 +224,10 @@ class Countdown(Task):
         drop_templates: ``None``, ``train``, ``test`` or ``both``: leave out of that split every
             puzzle a fixed operator pattern solves (generated splits keep their size, a data
             file's split shrinks).
-        drop_size_rules: with ``drop_templates``, also leave out the puzzles a size-order rule
-            solves (a fixed pattern over the numbers sorted largest first, as
-            ``eval/shortcut/by_size``): no fixed rule at all solves what is left.
+        drop_size_rules: with ``drop_templates``, also leave out the puzzles any other fixed
+            rule solves: a size-order rule (a fixed pattern over the numbers sorted largest
+            first, as ``eval/shortcut/by_size``) or a first-negated one (``-a + b + c``, as
+            ``eval/shortcut/first_negated``): no fixed rule at all solves what is left.
         train_n: ``None``, or the counts of numbers the training puzzles keep, e.g. ``[3]``:
             train on the 3-number puzzles alone (``accuracy/n3``'s kind), a curriculum's first
             stage (the next: a run from its adapter, ``lora.init_from=<run>/adapter``, with
