@@ -38,9 +38,11 @@ A task's set-level numbers (its optional ``summarize`` hook, :class:`evolm.task.
 are diagnostics too: ``train/<name>``, ``eval/<name>``, and ``eval/<extra>/<name>`` for an
 extra eval task. Countdown's (:mod:`evolm.task.countdown.summary`) make shortcuts visible:
 
-- ``shortcut_accuracy``: what a template-only model would score on these puzzles (the best
-  fixed operator pattern per puzzle size); ``shortcut/<template>``: what one named template
-  scores (``shortcut/sum``, ``shortcut/product``, ``shortcut/chain_sub``, ``shortcut/chain_div``);
+- ``shortcut_accuracy``: what a rule-only model would score on these puzzles (the best fixed
+  rule per puzzle size: an operator pattern over the numbers in their order, ranked by size, or
+  with the first one negated); ``shortcut/by_size`` and ``shortcut/first_negated``: the best of
+  the last two kinds alone; ``shortcut/<template>``: what one named template scores
+  (``shortcut/sum``, ``shortcut/product``, ``shortcut/chain_sub``, ``shortcut/chain_div``);
 - ``template_solvable_share``: the share of puzzles some fixed pattern solves;
 - ``accuracy_beyond_shortcuts``: the accuracy on the puzzles no template solves;
 - ``template_share``: the share of the correct answers that are template answers;

@@ -86,6 +86,10 @@ def test_the_solver_uses_every_number_once_and_finds_an_expression() -> None:
         ("10 - 3 + 5", [3, 10, 5], "b - a + c", True),  # -a + b + c: a first-negated rule
         ("10 + 3 - 5", [3, 10, 5], "b + a - c", False),  # mixed operators, not the given order
         ("(10 - 3) * 5", [3, 10, 5], "(b - a) * c", False),  # -a + b, then not + or -
+        ("(10 - 3) + 5", [3, 10, 5], "(b - a) + c", True),  # the same rule, parenthesized
+        ("10 - (3 + 5)", [3, 10, 5], "b - (a + c)", False),  # not left to right
+        ("((10 - 3) + 5) - 2", [3, 10, 5, 2], "((b - a) + c) - d", True),  # 0.5B's 4-number one
+        ("10 - 3", [3, 10], "b - a", True),  # two numbers: -a + b
         ("(10 + 5) - 3", [3, 10, 5], "(b + c) - a", True),  # largest first: a size-order rule
         ("(5 + 10) - 3", [3, 10, 5], "(c + b) - a", False),  # neither order
         ("-3 + 10 + 5", [3, 10, 5], "- a + b + c", False),  # a unary sign
@@ -527,3 +531,59 @@ def test_the_first_negated_rule_is_the_best_on_the_template_free_tree_split() ->
     assert len(infos) == 200 and rates["template_solvable_share"] == 0.0
     assert rates["shortcut_accuracy"] == rates["shortcut/first_negated"] == 57 / 200
     assert rates["shortcut/by_size"] == 26 / 200
+
+
+def test_the_stats_table_has_a_cell_per_column(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m evolm.task.countdown.stats``: the header names every column a row fills
+    (the first-negated column included), and a row's rates are the task's own."""
+    from evolm.task.countdown import stats
+
+    assert stats.main(["--header", "--train-size", "20", "--generate-count", "60"]) == 0
+    header, rule, *rows = capsys.readouterr().out.strip().splitlines()
+    names = [c.strip() for c in header.strip("|").split("|")]
+    assert "best first-negated" in names and rule.count("|") == header.count("|")
+    assert [r.count("|") for r in rows] == [header.count("|")] * 2
+    task = Countdown(train_size=20, generate_count=60, samples_per_generation=1, eval_samples=None)
+    rates = puzzle_rates([task.puzzle_info(e) for e in task.eval])
+    test_cells = dict(zip(names, (c.strip() for c in rows[1].strip("|").split("|")), strict=True))
+    assert test_cells["best first-negated"] == f"{100 * rates['shortcut/first_negated']:.1f}%"
+    assert test_cells["best rule"] == f"{100 * rates['shortcut_accuracy']:.1f}%"
+
+
+def test_train_max_rule_share_thins_the_training_puzzles_a_rule_pays(tmp_path: Path) -> None:
+    """``train_max_rule_share``: the most-paid rule loses its last puzzle until no rule solves
+    more than the share of a size's training puzzles. NEGATED {n++}, ADDSUB {n++, r+-}, FREE {},
+    MULDIV {r+*, r*+}: at 0.5 none is over (n++ 2 of 4); at 0.4 n++ loses ADDSUB; at 0.3 the
+    three rules tie at 1 of 3, r+* (the largest name) loses MULDIV, then n++ (1 of 2) NEGATED.
+    The test split is unchanged; an emptied split or a share outside (0, 1] is a ConfigError."""
+    data = write_file(tmp_path / "cd.jsonl", [NEGATED, ADDSUB, FREE, MULDIV, SUM])
+
+    def task(share: float) -> Countdown:
+        return Countdown(data_file=str(data), train_size=4, samples_per_generation=None,
+                         eval_samples=None, train_max_rule_share=share)  # fmt: skip
+
+    assert puzzles(task(0.5).train) == [NEGATED, ADDSUB, FREE, MULDIV]
+    assert puzzles(task(0.4).train) == [NEGATED, FREE, MULDIV]
+    assert puzzles(task(0.3).train) == [FREE] and puzzles(task(0.3).eval) == [SUM]
+    only_rules = write_file(tmp_path / "rules.jsonl", [NEGATED, ADDSUB, SUM])
+    for share, path in ((0.3, only_rules), (0.0, data), (1.5, data)):
+        with pytest.raises(ConfigError) as e:
+            Countdown(data_file=str(path), train_size=2, samples_per_generation=None,
+                      train_max_rule_share=share)  # fmt: skip
+        assert e.value.key == "train_max_rule_share"
+
+
+@pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
+def test_train_max_rule_share_on_the_papers_training_split() -> None:
+    """At 0.1 the paper's 200 training puzzles keep 152 (52 of 3 numbers, 100 of 4), and no
+    fixed rule solves more than a tenth of either size's; the 2,000 test puzzles stay."""
+    task = Countdown(data_file=str(PAPER_FILE), train_max_rule_share=0.1,
+                     samples_per_generation=None, eval_samples=None)  # fmt: skip
+    infos = [task.puzzle_info(e) for e in task.train]
+    assert len(infos) == 152 and len(task.eval) == 2000
+    for size, count in ((3, 52), (4, 100)):
+        sized = [i for i in infos if i.size == size]
+        assert len(sized) == count and puzzle_rates(sized)["shortcut_accuracy"] <= 0.1
+    full = Countdown(data_file=str(PAPER_FILE), samples_per_generation=None, eval_samples=None)
+    threes = [full.puzzle_info(e) for e in full.train if len(e.reference["numbers"]) == 3]
+    assert puzzle_rates(threes)["shortcut_accuracy"] > 0.2  # what it thinned

@@ -25,7 +25,8 @@ puzzles are sums). This module makes such shortcuts visible; exact arithmetic th
   number negated (``"n++"``: ``-a + b + c``, written ``(b - a) + c``). With the in-order
   patterns it makes every fixed choice of signs a rule, and it is what issue 36's 0.5B wrote
   most on the template-free held-out sets (session 37): ``-a + b + c`` alone solves 42 of the
-  112 3-number puzzles of the tree generator's template-free set. It counts in
+  112 3-number puzzles of the tree generator's template-free held-out set of the outside
+  checks (docs/results/countdown-paper-split/). It counts in
   ``shortcut_accuracy`` like a size-order rule, not in the families.
 * Every puzzle is in one **family** (:data:`FAMILIES`): ``template`` (some fixed pattern solves
   it), ``addsub`` (no template does, but ``+``/``-`` alone do, any order), ``muldiv`` (solvable,

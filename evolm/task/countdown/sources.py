@@ -145,8 +145,8 @@ def generated_splits(
 ) -> tuple[list[Record], list[Record]]:
     """The training and test splits of a generated ``stream``: its first ``count`` records
     (``train_size`` of them train), with each template-solvable puzzle of a ``drop`` split
-    (``size_rules``: size-order rules count) replaced by the next record of the stream that
-    the split keeps."""
+    (``size_rules``: size-order and first-negated rules count) replaced by the next record of
+    the stream that the split keeps."""
     drops = (drop in ("train", "both"), drop in ("test", "both"))
     head = list(itertools.islice(stream, count))
     splits: list[list[Record]] = []
@@ -181,8 +181,8 @@ def drop_split(
     records: list[Placed], split: str, where: str, size_rules: bool = False
 ) -> list[Placed]:
     """A data file's ``split`` (records with their places) without its template-solvable
-    puzzles (``size_rules``: size-order rules count); logs how many were dropped and refuses a
-    split left empty."""
+    puzzles (``size_rules``: size-order and first-negated rules count); logs how many were
+    dropped and refuses a split left empty."""
     kept = [(i, r) for i, r in records if not template_solvable(r, size_rules)]
     log.warning(
         "drop_templates: dropped %d of the %d %s puzzles of %s that a fixed operator pattern "
@@ -191,7 +191,9 @@ def drop_split(
         len(records),
         split,
         where,
-        " (in the puzzle's order or sorted by size)" if size_rules else "",
+        " (in the puzzle's order, sorted by size or with the first number negated)"
+        if size_rules
+        else "",
         len(kept),
     )
     if not kept:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -206,6 +207,49 @@ def _keep_families(
     return kept
 
 
+def _cap_rules(train: list[Placed], share: float | None, data: str | None) -> list[Placed]:
+    """The training records thinned until no fixed rule (``PuzzleInfo.rules``: a pattern in the
+    puzzle's order, by size or with the first number negated) solves more than ``share`` of the
+    puzzles of one size (``train_max_rule_share``; None: all kept). Greedy and deterministic:
+    the most-paid rule of any size (its share, then its name, decide) loses its last puzzle in
+    split order, until none is over."""
+    if share is None:
+        return train
+    if not 0 < share <= 1:
+        raise ConfigError(
+            "train_max_rule_share", f"must be in (0, 1], got {share}", "e.g. 0.1, or null"
+        )
+    infos = [classify(r["numbers"], r["target"]) for _, r in train]
+    kept = list(range(len(train)))
+    while True:
+        worst: tuple[float, str, int] | None = None  # (share, rule, size)
+        for size in sorted({infos[k].size for k in kept}):
+            rows = [k for k in kept if infos[k].size == size]
+            counts = Counter(rule for k in rows for rule in infos[k].rules)
+            for rule, n in counts.items():
+                if n > share * len(rows) and (worst is None or (n / len(rows), rule) > worst[:2]):
+                    worst = (n / len(rows), rule, size)
+        if worst is None:
+            break
+        _, rule, size = worst
+        kept.remove(max(k for k in kept if infos[k].size == size and rule in infos[k].rules))
+    if not kept:
+        raise ConfigError(
+            "train_max_rule_share",
+            f"no training puzzle of {data or 'the generated ones'} is left with no fixed rule "
+            f"over {share:.0%} of its size",
+            "raise it (the paper's 200 keep 152 at 0.1), or null",
+        )
+    log.info(
+        "train_max_rule_share=%s: %d of the %d training puzzles (sizes %s)",
+        share,
+        len(kept),
+        len(train),
+        dict(sorted(Counter(infos[k].size for k in kept).items())),
+    )
+    return [train[k] for k in kept]
+
+
 class Countdown(Task):
     """The Countdown task.
 
@@ -237,6 +281,12 @@ class Countdown(Task):
             e.g. ``["muldiv"]``: train on the puzzles that only ``*`` or ``/`` solve, whose
             searches a run on all puzzles stops trying (docs/results/countdown-paper-split,
             session 29). Applied after ``train_n``; the test split is unchanged.
+        train_max_rule_share: ``None``, or a share in (0, 1]: the training puzzles (after
+            ``train_n`` and ``train_family``) are thinned until no fixed rule solves more than
+            that share of the puzzles of one size (``eval/shortcut_accuracy``'s rules), so ES
+            cannot pay a rule more than that: issue 36's 0.5B learned ``-a + b + c`` from the
+            40 ``addsub`` training puzzles, 55% of them that rule's. The paper's 200 keep 152
+            at 0.1 (52 of 3 numbers). The test split is unchanged.
         samples_per_generation: training prompts per generation; generation ``g`` takes the
             ``g``-th window of the training split, wrapping around (:func:`cycling_window`);
             ``None``: every training prompt every generation (the paper's setting, also after
@@ -290,6 +340,7 @@ class Countdown(Task):
         drop_size_rules: bool = False,
         train_n: int | Sequence[int] | None = None,
         train_family: str | Sequence[str] | None = None,
+        train_max_rule_share: float | None = None,
         samples_per_generation: int | None = 16,
         eval_samples: int | None = 32,
         chat_template: bool = False,
@@ -345,6 +396,7 @@ class Countdown(Task):
         )
         train = _keep_counts(train, train_n, data_file)
         train = _keep_families(train, train_family, data_file)
+        train = _cap_rules(train, train_max_rule_share, data_file)
         self.samples_per_generation = samples_per_generation or len(train)
         _check_window(self.samples_per_generation, len(train))
         kind = "" if generator == "tree" else f"{generator}, "
