@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -220,19 +220,24 @@ def _cap_rules(train: list[Placed], share: float | None, data: str | None) -> li
             "train_max_rule_share", f"must be in (0, 1], got {share}", "e.g. 0.1, or null"
         )
     infos = [classify(r["numbers"], r["target"]) for _, r in train]
-    kept = list(range(len(train)))
-    while True:
-        worst: tuple[float, str, int] | None = None  # (share, rule, size)
-        for size in sorted({infos[k].size for k in kept}):
-            rows = [k for k in kept if infos[k].size == size]
-            counts = Counter(rule for k in rows for rule in infos[k].rules)
-            for rule, n in counts.items():
-                if n > share * len(rows) and (worst is None or (n / len(rows), rule) > worst[:2]):
-                    worst = (n / len(rows), rule, size)
-        if worst is None:
-            break
-        _, rule, size = worst
-        kept.remove(max(k for k in kept if infos[k].size == size and rule in infos[k].rules))
+    sizes = Counter(info.size for info in infos)  # puzzles kept, per size
+    counts = Counter((info.size, rule) for info in infos for rule in info.rules)
+    solved_by: defaultdict[tuple[int, str], list[int]] = defaultdict(list)  # in split order
+    for k, info in enumerate(infos):
+        for rule in info.rules:
+            solved_by[info.size, rule].append(k)
+    dropped: set[int] = set()
+    while over := [(n / sizes[size], rule, size) for (size, rule), n in counts.items()
+                   if n > share * sizes[size]]:  # fmt: skip
+        _, rule, size = max(over)
+        last = solved_by[size, rule]
+        while last[-1] in dropped:
+            last.pop()
+        k = last.pop()
+        dropped.add(k)
+        sizes[size] -= 1
+        counts.subtract((size, r) for r in infos[k].rules)
+    kept = [k for k in range(len(train)) if k not in dropped]
     if not kept:
         raise ConfigError(
             "train_max_rule_share",
@@ -245,7 +250,7 @@ def _cap_rules(train: list[Placed], share: float | None, data: str | None) -> li
         share,
         len(kept),
         len(train),
-        dict(sorted(Counter(infos[k].size for k in kept).items())),
+        dict(sorted((+sizes).items())),
     )
     return [train[k] for k in kept]
 
