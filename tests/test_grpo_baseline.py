@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from baselines import compare, grpo, grpo_budget
-from baselines.grpo_data import TaskReward
+from baselines.grpo_data import TaskReward, train_split
 from baselines.runconfig import compose_run
 from evolm import metrics as M
 from evolm.errors import ConfigError
@@ -38,6 +38,7 @@ SHARED = [  # evolm overrides both runs get: two updates, an eval after each
     "generations=2",
 ]
 GRPO = ["grpo.num_generations=4", "grpo.micro_batch=8", "grpo.learning_rate=0.01"]
+PAPER_FILE = REPO.parent / "shared/data/countdown/countdown.json"
 ANSWER = "<think> 3 + 4 = 7 </think>\n<answer> 3 + 4 </answer>"
 
 
@@ -265,3 +266,18 @@ def test_the_report_flags_a_method_whose_gain_is_a_template(
     assert {r.name: r.summary()["shortcut"] for r in runs} == flagged
     row = next(line for line in markdown(runs).splitlines() if "shortcut?" in line)
     assert row.count("**yes**") == sum(flagged.values())
+
+
+@pytest.mark.skipif(not PAPER_FILE.is_file(), reason="the paper's countdown.json is not here")
+def test_grpo_trains_on_the_puzzles_train_max_rule_share_keeps() -> None:
+    """GRPO's training examples are the puzzles ES's windows visit after ``train_max_rule_share``
+    thinned them: the paper's 152 of 200 at 0.1, every one of them kept by the task, none of the
+    48 it dropped."""
+    full = Countdown(data_file=str(PAPER_FILE), samples_per_generation=40,
+                     eval_samples=None)  # fmt: skip
+    thinned = Countdown(data_file=str(PAPER_FILE), samples_per_generation=40,
+                        eval_samples=None, train_max_rule_share=0.1)  # fmt: skip
+    key = lambda e: repr((e.prompt, e.reference))  # noqa: E731
+    examples = {key(e) for e in train_split(thinned)}
+    assert len(examples) == 152 and examples == {key(e) for e in thinned.train}
+    assert len({key(e) for e in train_split(full)} - examples) == 48

@@ -68,6 +68,7 @@ __all__ = [
     "negated_patterns",
     "placed",
     "ranked_patterns",
+    "rule_kinds",
     "solving_patterns",
 ]
 
@@ -124,6 +125,18 @@ def negated_patterns(numbers: Sequence[int], target: str | float) -> frozenset[s
     return frozenset(NEGATED + p for p in solving_patterns([-numbers[0], *numbers[1:]], target))
 
 
+def rule_kinds(
+    numbers: Sequence[int], target: str | float
+) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """Every fixed rule that reaches ``target``, by kind: the patterns over ``numbers`` in their
+    order, the size-order rules and the first-negated rules (:class:`PuzzleInfo`'s fields)."""
+    return (
+        solving_patterns(numbers, target),
+        ranked_patterns(numbers, target),
+        negated_patterns(numbers, target),
+    )
+
+
 @dataclass(frozen=True)
 class PuzzleInfo:
     """What one puzzle is: its size, the fixed patterns that solve it, its family."""
@@ -159,7 +172,7 @@ class PuzzleInfo:
 def classify(numbers: Sequence[int], target: str | float) -> PuzzleInfo:
     """The :class:`PuzzleInfo` of one puzzle (the exhaustive search runs only when neither a
     template nor ``+``/``-`` alone solve it)."""
-    patterns = solving_patterns(numbers, target)
+    patterns, ranked, negated = rule_kinds(numbers, target)
     goal = Fraction(parse_target(target))
     family: str | None
     if patterns:
@@ -169,13 +182,7 @@ def classify(numbers: Sequence[int], target: str | float) -> PuzzleInfo:
     else:
         solvable = reaches(numbers, goal)
         family = None if solvable is None else "muldiv" if solvable else "unsolvable"
-    return PuzzleInfo(
-        len(numbers),
-        patterns,
-        family,
-        ranked_patterns(numbers, target),
-        negated_patterns(numbers, target),
-    )
+    return PuzzleInfo(len(numbers), patterns, family, ranked, negated)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.task.countdown.data import puzzle_record, tree_records
-from evolm.task.countdown.shortcuts import negated_patterns, ranked_patterns, solving_patterns
+from evolm.task.countdown.shortcuts import rule_kinds, solving_patterns
 from evolm.task.countdown.solver import solve
 
 log = logging.getLogger(__name__)
@@ -129,11 +129,9 @@ def template_solvable(record: Record, size_rules: bool = False) -> bool:
     other fixed rule: the same patterns over the numbers sorted largest first, or with the
     first number negated)."""
     numbers, target = record["numbers"], record["target"]
-    if solving_patterns(numbers, target):
-        return True
-    return size_rules and bool(
-        ranked_patterns(numbers, target) or negated_patterns(numbers, target)
-    )
+    if size_rules:
+        return any(rule_kinds(numbers, target))
+    return bool(solving_patterns(numbers, target))
 
 
 def generated_splits(
