@@ -57,6 +57,8 @@ def pick(
         log.info("local engine: HF path (%s)", reason)
         if options.speculate:
             log.warning("server.speculate=%d is ignored on the HF path", options.speculate)
+        if options.share_prefix:
+            log.warning("server.share_prefix is ignored on the HF path")
     return HfBackend(model, texts, layers, options.max_batch_rows)
 
 
@@ -86,6 +88,7 @@ class LocalEngine(Engine):
         quantization: str | None = None,
         speculate: int = 0,
         speculate_rows: int | None = None,
+        share_prefix: bool = False,
     ) -> None:
         settings = dict(locals())  # every keyword after layout is a field of LocalOptions
         del settings["self"], settings["model_path"], settings["layout"]

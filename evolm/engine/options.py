@@ -80,6 +80,11 @@ class LocalOptions:
             this many rows run (``None``: fewer than a tenth of the slots, the tail); a batch
             whose ``speculate + 1`` tokens a row do not fit one forward of the slots takes
             plain decode steps.
+        share_prefix: compute the K/V of a prompt prefix once per member and prefill batch and
+            copy it into the member's other rows that begin with it (fast path;
+            :mod:`evolm.engine.fast.prefix`): prompts with worked examples (``task.shots``)
+            share most of their tokens. Off by default until a GPU run shows its answers equal
+            plain prefill's, as speculation's were checked.
     """
 
     device: str = "auto"
@@ -93,6 +98,7 @@ class LocalOptions:
     quantization: str | None = None
     speculate: int = 0
     speculate_rows: int | None = None
+    share_prefix: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:

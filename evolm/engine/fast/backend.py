@@ -62,6 +62,7 @@ class FastBackend:
             prefill_tokens=tuning.prefill_tokens,
             speculate=options.speculate,
             speculate_rows=options.speculate_rows,
+            share_prefix=options.share_prefix,
         )
         self._lora: dict[int, FastLora] = {}  # grouped buffers by population size
         self._lora_version = -1  # the fast forward's weights_version the buffers were made for

@@ -92,12 +92,13 @@ def to_cache(t: Tensor, cache: Tensor) -> Tensor:
     return t.to(cache.dtype)
 
 
-def prefill_mask(valid: Tensor, dtype: torch.dtype) -> Tensor:
-    """Additive ``[rows, 1, L, L]`` mask: causal, no padded keys; each query sees itself, so the
-    rows of padded positions stay finite (their outputs are never used)."""
+def prefill_mask(valid: Tensor, dtype: torch.dtype, past: int = 0) -> Tensor:
+    """Additive ``[rows, 1, L - past, L]`` mask of the queries at positions ``past..L-1``:
+    causal, no padded keys; each query sees itself, so the rows of padded positions stay finite
+    (their outputs are never used)."""
     length = valid.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
-    eye = torch.eye(length, dtype=torch.bool, device=valid.device)
+    causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()[past:]
+    eye = torch.eye(length, dtype=torch.bool, device=valid.device)[past:]
     allowed = (causal & valid[:, None, :]) | eye
     zero = torch.zeros((), dtype=dtype, device=valid.device)
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
@@ -268,12 +269,17 @@ class FastModel:
         cache: KVCache,
         rows: slice | Tensor,
         lora: LoraLike,
+        past: int = 0,
     ) -> Tensor:
         """Run prompts ``ids [r, L]`` (member-major, left-padded), write their K/V into cache
         rows ``rows`` slots ``0..L-1``; return last-position logits ``[r, vocab]``.
 
         ``cos``/``sin`` are ``[r, L, head_dim]`` at each token's position; ``mask`` is
-        :func:`prefill_mask` (None when nothing is padded: plain causal attention)."""
+        :func:`prefill_mask` (None when nothing is padded: plain causal attention).
+        ``past``: the cache rows already hold the K/V of the prompts' first ``past`` positions
+        (a shared prefix, :mod:`evolm.engine.fast.prefix`); ``ids`` are the positions after
+        them, written at ``past..``, and their queries also attend over the cached ones
+        (``mask``: :func:`prefill_mask` with ``past``)."""
         r, length = ids.shape
         x = F.embedding(ids, self.embed).view(r * length, self.hidden)
         cos, sin = cos.reshape(r * length, 1, -1), sin.reshape(r * length, 1, -1)
@@ -284,8 +290,11 @@ class FastModel:
                 t.view(r, length, -1, self.head_dim).transpose(1, 2)  # type: ignore[union-attr]
                 for t in self._qkv(i, w, h, lora, cos, sin)
             )
-            cache.k[i][rows, :, :length] = to_cache(k, cache.k)
-            cache.v[i][rows, :, :length] = to_cache(v, cache.v)
+            cache.k[i][rows, :, past : past + length] = to_cache(k, cache.k)
+            cache.v[i][rows, :, past : past + length] = to_cache(v, cache.v)
+            if past:  # the cached prefix's keys and values, as decode reads them
+                k = torch.cat([cache.k[i][rows, :, :past].to(k.dtype), k], 2)
+                v = torch.cat([cache.v[i][rows, :, :past].to(v.dtype), v], 2)
             attn = self._prefill_attention(q, k, v, mask)
             attn = attn.transpose(1, 2).reshape(r * length, self.q_out)
             h = self.add_norm(x, _pending(w.o, attn, _group(lora, i, "o")), w.ln2)

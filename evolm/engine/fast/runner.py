@@ -18,6 +18,7 @@ from torch import Tensor
 from evolm.engine.fast.cudagraph import capture
 from evolm.engine.fast.lora import FastLora, FastLoraRows
 from evolm.engine.fast.model import FastModel, prefill_mask
+from evolm.engine.fast.prefix import Shares
 from evolm.engine.fast.workspace import Workspace
 from evolm.engine.sampler import next_token
 from evolm.engine.stops import StopTable
@@ -147,22 +148,24 @@ class ModelRunner:
         slots: Tensor,
         members: Tensor,
         lora: FastLora | None,
+        past: int = 0,
     ) -> Tensor:
         """Prompts ``ids[rows]`` into ``slots`` (cache and slot state); their last-position
-        logits ``[len(rows), vocab]``."""
+        logits ``[len(rows), vocab]``. ``past``: the slots already hold the K/V of the first
+        ``past`` positions (:mod:`.prefix`); only the positions after them are computed."""
         length = ids.shape[1]
         mem, m = members[rows], mask[rows]
-        positions = (m.long().cumsum(-1) - 1).clamp(min=0)
+        positions = (m.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
         cos, sin = ws.cos[positions], ws.sin[positions]
-        pmask = None if bool(m.all()) else prefill_mask(m, ws.dtype)
+        pmask = None if not past and bool(m.all()) else prefill_mask(m, ws.dtype, past)
         view: FastLoraRows | None = None
         if lora is not None:  # rows sorted by member (the scheduler): eager LoRA takes one small
             # GEMM per member's run of tokens, the Triton kernels one Bt read per tile
-            per_token = mem.repeat_interleave(length)
+            per_token = mem.repeat_interleave(length - past)
             runs = self.prefill_runs and self.model.ops.mode != "triton"
-            runs_of = member_runs(mem.tolist(), length) if runs else None
+            runs_of = member_runs(mem.tolist(), length - past) if runs else None
             view = lora.rows(per_token) if runs_of is None else lora.runs(per_token, runs_of)
-        logits = self.model.prefill(ids[rows], cos, sin, pmask, ws.cache, slots, view)
+        logits = self.model.prefill(ids[rows, past:], cos, sin, pmask, ws.cache, slots, view, past)
         ws.lens[slots] = length
         ws.start[slots] = length - m.sum(-1)
         ws.member[slots] = mem
@@ -177,25 +180,60 @@ class ModelRunner:
         slots: list[int],
         lora: FastLora | None,
         chunk: int,
-    ) -> None:
+        shares: Shares | None = None,
+    ) -> int:
         """Prompts of rows ``chosen`` into ``slots``, ``chunk`` rows per forward; each row's
-        first token (into ``rows.out``)."""
-        rows_t = torch.tensor(chosen, dtype=torch.long, device=self.device)
-        slots_t = torch.tensor(slots, dtype=torch.long, device=self.device)
-        for lo in range(0, len(chosen), chunk):
-            r, s = rows_t[lo : lo + chunk], slots_t[lo : lo + chunk]
-            logits = self.prefill_chunk(ws, rows.ids, rows.mask, r, s, rows.members, lora)
-            first = rows.choose(logits, r, torch.zeros_like(r), None)
-            ws.budget[s] = rows.budgets[r]
-            ws.tok[s] = first
-            ws.gen[s] = 1
-            rows.out[r * rows.widest] = first
-            if ws.hist is not None:  # left-padded: positions below the slot's start are masked
-                ws.hist[s, : rows.ids.shape[1]] = rows.ids[r]
-            ws.done[s] = torch.isin(first, rows.eos) | (rows.budgets[r] <= 1)
-            if rows.stops is not None:
-                ws.stop[s] = rows.stops.table[0, first]
-                ws.done[s] |= ws.stop[s] == rows.stops.done
+        first token (into ``rows.out``). ``shares``: rows that copy a donor's K/V of their
+        shared prefix (:mod:`.prefix`): the others first, whole, then those. Returns the
+        positions copied instead of computed."""
+        levels = [list(range(len(chosen)))] if shares is None else shares.levels()
+        copied = 0
+        for level in levels:  # rows prefilled whole, then those that copy them, and so on
+            for lo in range(0, len(level), chunk):
+                part = level[lo : lo + chunk]
+                r, s = self._ids([chosen[i] for i in part]), self._ids([slots[i] for i in part])
+                past = 0 if shares is None else min(shares.end[i] for i in part)
+                if shares is not None and past:
+                    donors = self._ids([slots[shares.donor[i]] for i in part])
+                    start = rows.ids.shape[1] - rows.mask[r].sum(-1)
+                    self._copy_prefix(ws, donors, s, start, past, rows.ids.shape[1])
+                logits = self.prefill_chunk(ws, rows.ids, rows.mask, r, s, rows.members, lora, past)
+                self._first(ws, rows, r, s, logits)
+                copied += past * len(part)
+        return copied
+
+    def _ids(self, values: list[int]) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    @staticmethod
+    def _copy_prefix(
+        ws: Workspace, donors: Tensor, slots: Tensor, start: Tensor, past: int, width: int
+    ) -> None:
+        """Cache positions ``0..past-1`` of ``slots`` from their ``donors``' slots (prompts of
+        ``width`` positions, left-padded), each shifted by the two rows' starts (a shorter
+        prompt starts further right; a donor's slot holds its whole left-padded prompt, so the
+        positions left of a row's start get finite padding K/V, masked)."""
+        shift = ws.start[donors] - start
+        at = (torch.arange(past, device=slots.device)[None] + shift[:, None]).clamp(0, width - 1)
+        for cache in (*ws.cache.k, *ws.cache.v):
+            src = cache[donors, :, :width]  # [rows, kv_heads, width, head_dim]
+            index = at[:, None, :, None].expand(-1, src.shape[1], -1, src.shape[3])
+            cache[slots, :, :past] = src.gather(2, index)
+
+    @staticmethod
+    def _first(ws: Workspace, rows: Rows, r: Tensor, s: Tensor, logits: Tensor) -> None:
+        """Rows ``r``, prefilled into slots ``s``: their first tokens and slot state."""
+        first = rows.choose(logits, r, torch.zeros_like(r), None)
+        ws.budget[s] = rows.budgets[r]
+        ws.tok[s] = first
+        ws.gen[s] = 1
+        rows.out[r * rows.widest] = first
+        if ws.hist is not None:  # left-padded: positions below the slot's start are masked
+            ws.hist[s, : rows.ids.shape[1]] = rows.ids[r]
+        ws.done[s] = torch.isin(first, rows.eos) | (rows.budgets[r] <= 1)
+        if rows.stops is not None:
+            ws.stop[s] = rows.stops.table[0, first]
+            ws.done[s] |= ws.stop[s] == rows.stops.done
 
     def forward(self, ws: Workspace, batch: int, lora: FastLora | None, greedy: bool) -> None:
         """The decode forward of the batch's slots at their current tokens: greedy's argmax in

@@ -44,6 +44,7 @@ from evolm.engine.fast.plan import (
     prefill_tokens,
     total_memory,
 )
+from evolm.engine.fast.prefix import Prompts, plan_shares
 from evolm.engine.fast.runner import Forced, ModelRunner, Rows
 from evolm.engine.fast.speculate import Speculator
 from evolm.engine.fast.workspace import CHECK_EVERY, Workspace, graph_key
@@ -82,6 +83,8 @@ class RunStats:
     busy: int = 0
     padded: int = 0
     tail_steps: int = 0
+    positions: int = 0  # prompt positions prefilled (left padding included)
+    copied: int = 0  # of them, copied from a donor's shared prefix (server.share_prefix)
     spans: list[tuple[object, object]] = field(default_factory=list)
     tail_start: object | None = None
 
@@ -117,6 +120,8 @@ class RunStats:
             "padding": 1 - self.busy / max(1, self.padded),
             "tail_s": tail_s,  # the steps with < TAIL_SHARE of the slots busy, queue empty
             "tail_steps": float(self.tail_steps),
+            # the share of the prompt positions whose K/V a shared prefix gave (.prefix)
+            "prefix_copied": self.copied / max(1, self.positions),
         }
 
 
@@ -139,6 +144,8 @@ class Scheduler:
             and at most this many rows running (None: under ``TAIL_SHARE`` of the slots), in a
             bucket whose ``k + 1`` verify rows a row fit the slots (``check_every`` verify
             steps between host syncs, as decode steps).
+        share_prefix: a member's rows in one prefill batch that begin with the same tokens
+            compute their K/V once (:mod:`.prefix`).
     """
 
     def __init__(
@@ -153,8 +160,10 @@ class Scheduler:
         check_every: int = CHECK_EVERY,
         speculate: int = 0,
         speculate_rows: int | None = None,
+        share_prefix: bool = False,
     ) -> None:
         self.model, self.runner = model, ModelRunner(model, graphs)
+        self.share_prefix = share_prefix
         self.speculate, self.speculate_rows = speculate, speculate_rows
         self.device = model.embed.device
         self.max_rows, self.utilization, self.kv_dtype = max_rows, utilization, kv_dtype
@@ -332,6 +341,7 @@ class Scheduler:
         queue, free = deque(order), list(range(ws.slots - 1, -1, -1))
         active: list[int] = []
         member_of = members.tolist() if lora is not None else None  # sort by member
+        prompts = Prompts(input_ids, attention_mask) if self.share_prefix else None
         slot_member, slot_row = [0] * ws.slots, [0] * ws.slots
         tokens = batch_rows.out[:-1].view(rows, widest)
         refill = max(1, ws.slots // 16)
@@ -354,7 +364,9 @@ class Scheduler:
                 for row, slot in zip(chosen, slots, strict=True):
                     slot_row[slot] = row
                 begin = timer.now()
-                runner.prefill(ws, batch_rows, chosen, slots, lora, chunk)
+                shares = None if prompts is None else plan_shares(prompts, chosen, member_of)
+                stats.copied += runner.prefill(ws, batch_rows, chosen, slots, lora, chunk, shares)
+                stats.positions += len(chosen) * length
                 stats.prefilled(begin)
                 active += slots
                 if member_of is not None:
