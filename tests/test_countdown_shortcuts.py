@@ -565,6 +565,11 @@ def test_train_max_rule_share_thins_the_training_puzzles_a_rule_pays(tmp_path: P
     assert puzzles(task(0.5).train) == [NEGATED, ADDSUB, FREE, MULDIV]
     assert puzzles(task(0.4).train) == [NEGATED, FREE, MULDIV]
     assert puzzles(task(0.3).train) == [FREE] and puzzles(task(0.3).eval) == [SUM]
+    # thinned over every family first, then train_family keeps NEGATED alone (the other way
+    # round n++ would solve both addsub puzzles, 2 of 2, and nothing would be left)
+    addsub = Countdown(data_file=str(data), train_size=4, samples_per_generation=None,
+                       train_max_rule_share=0.4, train_family=["addsub"])  # fmt: skip
+    assert puzzles(addsub.train) == [NEGATED]
     only_rules = write_file(tmp_path / "rules.jsonl", [NEGATED, ADDSUB, SUM])
     for share, path in ((0.3, only_rules), (0.0, data), (1.5, data)):
         with pytest.raises(ConfigError) as e:
@@ -584,6 +589,13 @@ def test_train_max_rule_share_on_the_papers_training_split() -> None:
     for size, count in ((3, 52), (4, 100)):
         sized = [i for i in infos if i.size == size]
         assert len(sized) == count and puzzle_rates(sized)["shortcut_accuracy"] <= 0.1
+    kept = Countdown(data_file=str(PAPER_FILE), train_max_rule_share=0.1, eval_samples=None,
+                     train_family=["template", "addsub"], samples_per_generation=None)  # fmt: skip
+    rest = [task.puzzle_info(e) for e in kept.train]  # thinned first: the 76 without * or /
+    assert len(rest) == 76 and {i.family for i in rest} == {"template", "addsub"}
+    signs = [i for i in infos if i.family != "muldiv"]  # every +/- rule pays the same puzzles
+    plus_minus = lambda i: {r for r in i.rules if "*" not in r and "/" not in r}  # noqa: E731
+    assert [plus_minus(i) for i in rest] == [plus_minus(i) for i in signs]
     full = Countdown(data_file=str(PAPER_FILE), samples_per_generation=None, eval_samples=None)
     threes = [full.puzzle_info(e) for e in full.train if len(e.reference["numbers"]) == 3]
     assert puzzle_rates(threes)["shortcut_accuracy"] > 0.2  # what it thinned

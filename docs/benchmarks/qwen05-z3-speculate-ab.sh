@@ -9,8 +9,11 @@
 #   bash docs/benchmarks/qwen05-z3-speculate-ab.sh GENERATIONS VARIANT...   e.g. 3 0 4
 #   AB_OVERRIDES="eval_start=false" bash ... 5 0 4   (more overrides for every variant; session
 #   31's: no start eval, so 5 generations fit beside the final eval)
+#   AB_ADAPTER=/root/z5s2-adapter bash ... 2 0 share   (another adapter than z3's)
 # VARIANT: a number N (the local engine, server.speculate=N), N:R (the same with
-# server.speculate_rows=R: verify steps once at most R rows run), `sglang` (server=sglang) or
+# server.speculate_rows=R: verify steps once at most R rows run), `share` (server.share_prefix:
+# a member's rows copy their shared prompt prefix's K/V, engine/fast/prefix.py), `sglang`
+# (server=sglang) or
 # `sglang-ngram` (server=sglang with SGLang's own n-gram speculation, which takes LoRA adapters
 # since sgl-project/sglang#12903: --speculative-algorithm NGRAM; not yet run with evolm). The
 # SGLang variants need the GPU bundle extracted to /tmp/site (docs/sglang-gpu.md).
@@ -27,13 +30,14 @@ for n in "$@"; do
   case $n in
     sglang) server="server=sglang server.python=/tmp/sgpy" ;;
     sglang-ngram) server="server=sglang server.python=/tmp/sgpy server.extra_args=[--speculative-algorithm,NGRAM]" ;;
+    share) server="server.share_prefix=true" ;;
     *:*) server="server.speculate=${n%%:*} server.speculate_rows=${n##*:}" ;;
     *) server="server.speculate=$n" ;;
   esac
   d=sp${n//:/-r}  # sp4-r540 for 4:540
   rm -rf "$R/$d"
   python3 -m evolm experiment=qwen05_paper_countdown_shots model=qwen2.5-coder-0.5b-instruct \
-    model.gguf_file=/root/q05.gguf lora.init_from=/root/z3-adapter logger=none \
+    model.gguf_file=/root/q05.gguf lora.init_from=${AB_ADAPTER:-/root/z3-adapter} logger=none \
     generations="$gens" eval_every=1000 callbacks.samples.count=2000 $server ${AB_OVERRIDES:-} \
     hydra.run.dir=$R/$d > $R/$d.log 2>&1
   echo "$d: exit $?"
@@ -42,7 +46,8 @@ python3 - "$R" "$@" <<'PY'
 import json, sys
 from pathlib import Path
 root, ns = Path(sys.argv[1]), sys.argv[2:]
-keys = ("time/generation_s", "time/engine_generate_s", "time/engine_tail_s",
+keys = ("time/generation_s", "time/engine_generate_s", "time/engine_prefill_s",
+        "time/engine_prefix_copied", "time/engine_tail_s",
         "time/engine_tail_steps", "time/engine_steps", "time/engine_spec_rows",
         "time/engine_spec_kept", "time/eval_s", "train/fitness_mean", "train/completion_tokens")
 answers = {}

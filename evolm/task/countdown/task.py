@@ -285,13 +285,18 @@ class Countdown(Task):
             (:data:`~evolm.task.countdown.shortcuts.FAMILIES`) the training puzzles keep,
             e.g. ``["muldiv"]``: train on the puzzles that only ``*`` or ``/`` solve, whose
             searches a run on all puzzles stops trying (docs/results/countdown-paper-split,
-            session 29). Applied after ``train_n``; the test split is unchanged.
+            session 29). Applied after ``train_n`` and ``train_max_rule_share``; the test split
+            is unchanged.
         train_max_rule_share: ``None``, or a share in (0, 1]: the training puzzles (after
-            ``train_n`` and ``train_family``) are thinned until no fixed rule solves more than
-            that share of the puzzles of one size (``eval/shortcut_accuracy``'s rules), so ES
-            cannot pay a rule more than that: issue 36's 0.5B learned ``-a + b + c`` from the
-            40 ``addsub`` training puzzles, 55% of them that rule's. The paper's 200 keep 152
-            at 0.1 (52 of 3 numbers). The test split is unchanged.
+            ``train_n``, before ``train_family``) are thinned until no fixed rule solves more
+            than that share of the puzzles of one size (``eval/shortcut_accuracy``'s rules), so
+            ES cannot pay a rule more than that: issue 36's 0.5B learned ``-a + b + c`` from
+            the 40 ``addsub`` training puzzles, 55% of them that rule's. The paper's 200 keep
+            152 at 0.1 (52 of 3 numbers). ``train_family`` then only drops puzzles: with
+            ``["template", "addsub"]`` the 76 that need ``*`` or ``/``, which no member of the
+            0.5B solves (CPU probes, session 38), so a generation has half the rows and the same
+            ranking of its members (a puzzle every member misses adds the same 0 to each; a
+            ``+``/``-`` rule still pays the same puzzles). The test split is unchanged.
         samples_per_generation: training prompts per generation; generation ``g`` takes the
             ``g``-th window of the training split, wrapping around (:func:`cycling_window`);
             ``None``: every training prompt every generation (the paper's setting, also after
@@ -400,8 +405,8 @@ class Countdown(Task):
             drop_size_rules,
         )
         train = _keep_counts(train, train_n, data_file)
-        train = _keep_families(train, train_family, data_file)
         train = _cap_rules(train, train_max_rule_share, data_file)
+        train = _keep_families(train, train_family, data_file)
         self.samples_per_generation = samples_per_generation or len(train)
         _check_window(self.samples_per_generation, len(train))
         kind = "" if generator == "tree" else f"{generator}, "
