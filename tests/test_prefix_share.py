@@ -13,6 +13,8 @@ from benchmarks.harness import from_model, generate_ids, with_options
 from benchmarks.shapes import build_model
 from evolm.engine.fast import prefix as prefix_module
 from evolm.engine.fast.prefix import Prompts, common_prefix, plan_shares
+from evolm.engine.options import LocalOptions
+from evolm.errors import ConfigError
 from evolm.lora import LoraLayout, LoraSpec
 from evolm.sampling import Sampling
 from tests.helpers import COUNTDOWN_MODEL, read_results, run_cli
@@ -155,3 +157,12 @@ def test_a_countdown_run_with_shared_prefixes_is_the_same_run(
     trained = [r for r in runs["true"] if "train/fitness_mean" in r]
     assert len(trained) == 2 and all(r["time/engine_prefix_copied"] > 0.1 for r in trained)
     assert all(r.get("time/engine_prefix_copied", 0) == 0 for r in runs["false"])
+
+
+def test_an_fp8_cache_refuses_shared_prefixes() -> None:
+    """With an fp8 KV cache a row would attend over its copied prefix as the cache rounds it,
+    where plain prefill attends over the unrounded K/V: one ConfigError naming the key."""
+    with pytest.raises(ConfigError) as e:
+        LocalOptions(share_prefix=True, kv_cache_dtype="fp8")
+    assert e.value.key == "share_prefix" and "kv_cache_dtype" in str(e.value)
+    assert LocalOptions(share_prefix=True).share_prefix

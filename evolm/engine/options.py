@@ -84,7 +84,7 @@ class LocalOptions:
             copy it into the member's other rows that begin with it (fast path;
             :mod:`evolm.engine.fast.prefix`): prompts with worked examples (``task.shots``)
             share most of their tokens. Off by default until a GPU run shows its answers equal
-            plain prefill's, as speculation's were checked.
+            plain prefill's, as speculation's were checked. Not with ``kv_cache_dtype=fp8``.
     """
 
     device: str = "auto"
@@ -138,6 +138,14 @@ class LocalOptions:
                 "speculate",
                 f"must be in 0..{MAX_SPECULATE}, got {self.speculate}",
                 "use 0 (off) or e.g. 4 drafted tokens per verify step",
+            )
+        if self.share_prefix and self.kv_cache_dtype == "fp8":
+            raise ConfigError(
+                "share_prefix",
+                "with kv_cache_dtype=fp8 a row would attend over its shared prefix's K/V as the "
+                "fp8 cache rounds them, where a plain prefill attends over them unrounded (11 of "
+                "21 rows of the tiny model's test changed)",
+                "drop server.share_prefix, or server.kv_cache_dtype=auto",
             )
         if self.speculate_rows is not None and self.speculate_rows < 1:
             raise ConfigError(

@@ -215,7 +215,9 @@ class ModelRunner:
         positions left of a row's start get finite padding K/V, masked)."""
         shift = ws.start[donors] - start
         at = (torch.arange(past, device=slots.device)[None] + shift[:, None]).clamp(0, width - 1)
-        for cache in (*ws.cache.k, *ws.cache.v):
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # copied as bits: fp8 has no gather
+        for layer in (*ws.cache.k, *ws.cache.v):
+            cache = layer.view(bits[layer.element_size()])
             src = cache[donors, :, :width]  # [rows, kv_heads, width, head_dim]
             index = at[:, None, :, None].expand(-1, src.shape[1], -1, src.shape[3])
             cache[slots, :, :past] = src.gather(2, index)
