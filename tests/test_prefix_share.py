@@ -166,3 +166,26 @@ def test_an_fp8_cache_refuses_shared_prefixes() -> None:
         LocalOptions(share_prefix=True, kv_cache_dtype="fp8")
     assert e.value.key == "share_prefix" and "kv_cache_dtype" in str(e.value)
     assert LocalOptions(share_prefix=True).share_prefix
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("ops", ["triton", "eager"])
+def test_cuda_shared_prefixes_keep_the_prompts_logits_fp32(ops: str) -> None:
+    """On a GPU in fp32, with the Triton kernels or without: every row's logits after its
+    prompt and after each forced token equal plain prefill's to 1e-3 (the CPU test's check on
+    the GPU's prefill path, its copies and its graphs)."""
+    model = build_model("tiny", torch.device("cuda"), torch.float32, seed=3)
+    layout = LoraLayout.from_hf_config(model.config, LoraSpec(rank=2))
+    plain = from_model(model, layout, fast=True)
+    assert plain.fast is not None
+    plain.fast.scheduler.model.set_ops(ops)
+    shared = with_options(plain, share_prefix=True)
+    ids, mask = prompts_with_prefixes([0, 1, 0, 1, 0], [3, 8, 11, 0, 21], model.config.vocab_size)
+    pop = population(layout, 2)
+    rows, masks = ids.repeat(2, 1).cuda(), mask.repeat(2, 1).cuda()
+    gen = torch.Generator().manual_seed(2)
+    forced = torch.randint(3, model.config.vocab_size, (rows.shape[0], 4), generator=gen).cuda()
+    got, want = (e.fast.forced_logits(rows, masks, pop, forced) for e in (shared, plain))  # type: ignore[union-attr]
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    assert shared.last_timings["prefix_copied"] > 0.2
