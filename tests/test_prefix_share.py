@@ -122,7 +122,8 @@ def test_shared_prefixes_give_plain_prefills_tokens(
 
 def test_shared_prefixes_keep_the_prompts_logits(qwen: torch.nn.Module) -> None:
     """The first token's logits of every row (sampled rows see them whole) are plain prefill's
-    to fp32 rounding, for rows that share and rows that donate, with the base model too."""
+    to fp32 rounding (4e-7 here, 8e-5 in other draws: 2e-4 allowed; a wrong copy or mask moves
+    them by O(1)), for rows that share and rows that donate, with the base model too."""
     layout = LoraLayout.from_hf_config(qwen.config, LoraSpec(rank=2))
     plain = from_model(qwen, layout, fast=True)
     shared = with_options(plain, share_prefix=True)
@@ -133,7 +134,7 @@ def test_shared_prefixes_keep_the_prompts_logits(qwen: torch.nn.Module) -> None:
         rows, masks = ids.repeat(members, 1), mask.repeat(members, 1)
         forced = torch.randint(3, qwen.config.vocab_size, (rows.shape[0], 4), generator=gen)
         got, want = (e.fast.forced_logits(rows, masks, pop, forced) for e in (shared, plain))  # type: ignore[union-attr]
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)  # fp32 rounding, any BLAS
         assert shared.last_timings["prefix_copied"] > 0.2
 
 

@@ -85,6 +85,8 @@ class LocalOptions:
             :mod:`evolm.engine.fast.prefix`): prompts with worked examples (``task.shots``)
             share most of their tokens. Off by default until a GPU run shows its answers equal
             plain prefill's, as speculation's were checked. Not with ``kv_cache_dtype=fp8``.
+            Sampled rows draw their first tokens in another order (donors first), so a sampled
+            run with it on is reproducible but not the run it gives off.
     """
 
     device: str = "auto"

@@ -2,9 +2,9 @@
 the same tokens compute those tokens' K/V once.
 
 An ES generation prefills every training prompt once per member: with worked examples before
-each puzzle (issue 36's 0.5B runs: ``task.shots``), ~700 prompt tokens a row of which the
-first ~460 (3 and 4 numbers alike; more within one size) are the same in every row, and
-prefill took 2.55 s of a 5.4 s generation on an H100 (1,200 rows).
+each puzzle (issue 36's 0.5B runs: ``task.shots``), 560 prompt tokens a row (3 numbers, two
+examples) or 827 (4 numbers, three), of which the first 462 are the same in every row (726
+among the 4-number ones), and prefill took 2.55 s of a 5.4 s generation on an H100 (1,200 rows).
 Within one prefill batch of the scheduler, each member's first row is a *donor*: prefilled
 whole, as without sharing. Every later row of that member whose prompt shares at least
 :data:`MIN_SHARED` tokens with one of its donors (the longest match of at most
@@ -41,8 +41,8 @@ MAX_DONORS = 4
 
 DONOR_SHARE = 0.75
 """A row that shares less than this share of its tokens with every donor becomes a donor
-itself while there is room (countdown's 4-number prompts, three worked examples, share ~58% with
-a 3-number one, two examples, and ~95% with each other)."""
+itself while there is room (countdown's 4-number prompts, three worked examples, share 56% with
+a 3-number one, two examples, and 88% with each other)."""
 
 
 class Prompts:

@@ -293,10 +293,12 @@ class Countdown(Task):
             ES cannot pay a rule more than that: issue 36's 0.5B learned ``-a + b + c`` from
             the 40 ``addsub`` training puzzles, 55% of them that rule's. The paper's 200 keep
             152 at 0.1 (52 of 3 numbers). ``train_family`` then only drops puzzles: with
-            ``["template", "addsub"]`` the 76 that need ``*`` or ``/``, which no member of the
-            0.5B solves (CPU probes, session 38), so a generation has half the rows and the same
-            ranking of its members (a puzzle every member misses adds the same 0 to each; a
-            ``+``/``-`` rule still pays the same puzzles). The test split is unchanged.
+            ``["template", "addsub"]`` the 76 that need ``*`` or ``/``, of which issue 36's 0.5B
+            (z5s2) solved none of the 48 probed on the CPU (sessions 37 and 38): a generation has
+            half the rows and, with the answer-only reward (``format_weight=0``, no closeness,
+            no blind baseline), the same ranking of its members (a puzzle every member misses
+            adds the same 0 to each; a ``+``/``-`` rule still pays the same puzzles). The test
+            split is unchanged.
         samples_per_generation: training prompts per generation; generation ``g`` takes the
             ``g``-th window of the training split, wrapping around (:func:`cycling_window`);
             ``None``: every training prompt every generation (the paper's setting, also after
